@@ -1,0 +1,22 @@
+rule prepare_data:
+    """Ordered question inputs: GPQA + LCB readers, overlap checks, the training schedule."""
+    input:
+        gpqa_train=ATLAS.data.gpqa.train,
+        gpqa_val=ATLAS.data.gpqa.val,
+        lcb_train=ATLAS.data.lcb.train,
+        lcb_val=ATLAS.data.lcb.val,
+        code=code("atlas.data.prepare"),
+    output:
+        train="results/data/train.parquet",
+        val="results/data/val.parquet",
+        tests="results/data/tests.parquet",
+        manifest="results/data/MANIFEST.json",
+    params:
+        slice=stage_slice("data"),
+        out="results/data",
+    log:
+        "results/logs/prepare_data.log",
+    conda:
+        "../envs/atlas.yaml"
+    shell:
+        "python -m atlas.data.prepare --config-slice {params.slice:q} --out {params.out} > {log} 2>&1"

@@ -1,0 +1,17 @@
+if ATLAS.model.tiny is not None:
+
+    rule build_tiny_model:
+        """The embedded default's tokenizer and random-init Qwen3 model, built locally."""
+        input:
+            corpus=ATLAS.model.tiny.corpus,
+            code=code("atlas.model.build"),
+        output:
+            directory(MODEL_DIR),
+        params:
+            slice=stage_slice("model"),
+        log:
+            f"results/logs/build_model_{ATLAS.model.name}.log",
+        conda:
+            "../envs/atlas.yaml"
+        shell:
+            "python -m atlas.model.build --config-slice {params.slice:q} --out {output} > {log} 2>&1"

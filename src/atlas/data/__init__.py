@@ -1,0 +1,1 @@
+"""Question inputs: GPQA and LiveCodeBench readers, option shuffling, the ordered schedule."""

@@ -1,0 +1,1 @@
+"""Models: the locally built tiny tokenizer and model; base model loading."""

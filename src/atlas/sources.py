@@ -1,0 +1,79 @@
+"""Map a stage module to the source files it runs, for Snakemake `input:` lists.
+
+Snakemake reruns a job when an input's content changes, but it never looks at the modules a
+`python -m atlas.<stage>` command imports. So every rule lists `module_files("atlas.<stage>")`
+as inputs: the stage module, every `atlas` module it imports (transitively, read statically from
+the source, including imports inside functions), and the `__init__.py` of every package on the
+way. Third-party imports are not followed; the environment pins those.
+
+This module imports only the standard library: the Snakefile loads it before anything is built.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent  # the folder that holds the `atlas` package
+ROOT_PACKAGE = "atlas"
+
+
+def _module_path(name: str) -> Path | None:
+    base = SRC.joinpath(*name.split("."))
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    return None
+
+
+def _is_package(name: str) -> bool:
+    return (SRC.joinpath(*name.split(".")) / "__init__.py").is_file()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Names of the `atlas` modules that `path` (module `name`) imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if _is_package(name) else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            found.add(target)
+            # `from atlas.data import gpqa` imports the submodule atlas.data.gpqa.
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+    return {m for m in found if m.split(".")[0] == ROOT_PACKAGE and _module_path(m) is not None}
+
+
+@cache
+def module_names(module: str) -> frozenset[str]:
+    """`module` and every `atlas` module it reaches, with their parent packages."""
+    if _module_path(module) is None:
+        raise ModuleNotFoundError(f"no module {module!r} under {SRC}")
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parent packages run too
+        todo.extend(_imports(name, _module_path(name)))
+    return frozenset(seen)
+
+
+def module_files(*modules: str, relative_to: str | Path | None = None) -> list[str]:
+    """Sorted source files of `modules` and everything they import from `atlas`."""
+    names = set().union(*(module_names(m) for m in modules))
+    paths = {_module_path(n) for n in names}
+    base = Path(relative_to).resolve() if relative_to is not None else None
+    return sorted(str(p.relative_to(base)) if base and p.is_relative_to(base) else str(p) for p in paths)
