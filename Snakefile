@@ -4,10 +4,13 @@
     snakemake -n                                  # plan
     snakemake --configfile config/report25.yaml --profile profiles/slurm ...
 
-The config is checked twice before any job runs: against config/schema.json (generated from
-atlas.config), then by the pydantic models themselves for the cross-field rules.
+The config is checked twice before any job runs: by the pydantic models of atlas.config (their
+messages name the key path), then against config/schema.json, which is generated from them.
+A --configfile is merged over config/config.yaml, so config/report25.yaml sets every key.
 """
 
+import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -15,15 +18,20 @@ from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
-sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+# Jobs run the atlas package beside this Snakefile: the same files the rules list as inputs.
+SRC = str(Path(workflow.basedir) / "src")
+sys.path.insert(0, SRC)
+PYTHONPATH = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
+shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
 from atlas.config import parse_config
 
 
 configfile: "config/config.yaml"
 
 
-validate(config, "config/schema.json")
+# Pydantic first, for messages that name the key path; then the generated JSON schema.
 ATLAS = parse_config(config, "(snakemake config)")
+validate(config, "config/schema.json", set_default=False)
 
 
 include: "rules/common.smk"

@@ -11,12 +11,12 @@ rule prepare_data:
         val="results/data/val.parquet",
         tests="results/data/tests.parquet",
         manifest="results/data/MANIFEST.json",
-    params:
-        slice=stage_slice("data"),
-        out="results/data",
     log:
         "results/logs/prepare_data.log",
     conda:
         "../envs/atlas.yaml"
+    params:
+        slice=stage_slice("data"),
+        out=lambda wildcards, output: os.path.dirname(output.manifest),
     shell:
         "python -m atlas.data.prepare --config-slice {params.slice:q} --out {params.out} > {log} 2>&1"

@@ -7,11 +7,11 @@ if ATLAS.model.tiny is not None:
             code=code("atlas.model.build"),
         output:
             directory(MODEL_DIR),
-        params:
-            slice=stage_slice("model"),
         log:
             f"results/logs/build_model_{ATLAS.model.name}.log",
         conda:
             "../envs/atlas.yaml"
+        params:
+            slice=stage_slice("model"),
         shell:
             "python -m atlas.model.build --config-slice {params.slice:q} --out {output} > {log} 2>&1"

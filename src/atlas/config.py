@@ -181,7 +181,8 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "<root>"
-        got = "" if e["type"] == "missing" else f" (got {e['input']!r})"
+        scalar = e["type"] != "missing" and not isinstance(e["input"], (dict, list))
+        got = f" (got {e['input']!r})" if scalar else ""
         lines.append(f"  {path}: {e['msg']}{got}")
     return "\n".join(lines)
 

@@ -15,12 +15,12 @@ import ast
 from functools import cache
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parent.parent  # the folder that holds the `atlas` package
+SRC = Path(__file__).resolve().parent.parent  # the folder that holds this `atlas` package
 ROOT_PACKAGE = "atlas"
 
 
-def _module_path(name: str) -> Path | None:
-    base = SRC.joinpath(*name.split("."))
+def _module_path(src: Path, name: str) -> Path | None:
+    base = src.joinpath(*name.split("."))
     if (base / "__init__.py").is_file():
         return base / "__init__.py"
     if base.with_suffix(".py").is_file():
@@ -28,14 +28,10 @@ def _module_path(name: str) -> Path | None:
     return None
 
 
-def _is_package(name: str) -> bool:
-    return (SRC.joinpath(*name.split(".")) / "__init__.py").is_file()
-
-
-def _imports(name: str, path: Path) -> set[str]:
+def _imports(src: Path, name: str, path: Path) -> set[str]:
     """Names of the `atlas` modules that `path` (module `name`) imports."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    package = name if _is_package(name) else name.rpartition(".")[0]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -50,14 +46,14 @@ def _imports(name: str, path: Path) -> set[str]:
             found.add(target)
             # `from atlas.data import gpqa` imports the submodule atlas.data.gpqa.
             found.update(f"{target}.{alias.name}" for alias in node.names)
-    return {m for m in found if m.split(".")[0] == ROOT_PACKAGE and _module_path(m) is not None}
+    return {m for m in found if m.split(".")[0] == ROOT_PACKAGE and _module_path(src, m) is not None}
 
 
 @cache
-def module_names(module: str) -> frozenset[str]:
-    """`module` and every `atlas` module it reaches, with their parent packages."""
-    if _module_path(module) is None:
-        raise ModuleNotFoundError(f"no module {module!r} under {SRC}")
+def module_names(module: str, src: Path = SRC) -> frozenset[str]:
+    """`module` and every `atlas` module it reaches under `src`, with their parent packages."""
+    if _module_path(src, module) is None:
+        raise ModuleNotFoundError(f"no module {module!r} under {src}")
     seen: set[str] = set()
     todo = [module]
     while todo:
@@ -67,13 +63,15 @@ def module_names(module: str) -> frozenset[str]:
         seen.add(name)
         parts = name.split(".")
         todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parent packages run too
-        todo.extend(_imports(name, _module_path(name)))
+        todo.extend(_imports(src, name, _module_path(src, name)))
     return frozenset(seen)
 
 
-def module_files(*modules: str, relative_to: str | Path | None = None) -> list[str]:
-    """Sorted source files of `modules` and everything they import from `atlas`."""
-    names = set().union(*(module_names(m) for m in modules))
-    paths = {_module_path(n) for n in names}
+def module_files(*modules: str, src: str | Path = SRC, relative_to: str | Path | None = None) -> list[str]:
+    """Sorted source files of `modules` and everything they import from `atlas`, read from the
+    package under `src` (by default this one), as paths relative to `relative_to` if given."""
+    src = Path(src).resolve()
+    names = set().union(*(module_names(m, src) for m in modules))
+    paths = {_module_path(src, n) for n in names}
     base = Path(relative_to).resolve() if relative_to is not None else None
     return sorted(str(p.relative_to(base)) if base and p.is_relative_to(base) else str(p) for p in paths)
