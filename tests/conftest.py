@@ -1,0 +1,119 @@
+"""Shared test helpers: the repository, its fixtures, and copies of the workflow to edit."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "resources" / "fixtures"
+WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "envs", "src", "resources")
+
+
+def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    return rows[0], rows[1:]
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[str]]) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        csv.writer(f, lineterminator="\r\n").writerows([header, *rows])
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def copy_workflow(dest: Path) -> Path:
+    """A copy of the workflow (no results, no .snakemake) to run and edit in isolation."""
+    for part in WORKFLOW_PARTS:
+        src = REPO / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(src, dest / part)
+    return dest
+
+
+def run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+PLAN_SCRIPT = """
+import contextlib, io, json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+targets, configfiles = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+buf = io.StringIO()
+with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
+    wf = api.workflow(
+        resource_settings=ResourceSettings(cores=1),
+        config_settings=ConfigSettings(configfiles=[Path(p) for p in configfiles]),
+        snakefile=Path("Snakefile"),
+        workdir=Path("."),
+    )
+    dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
+    with contextlib.redirect_stdout(buf):
+        dag.summary(detailed=False)
+rows = [line.split("\\t") for line in buf.getvalue().splitlines() if line.strip()]
+header = rows[0]
+plan = {}
+for row in rows[1:]:
+    rec = dict(zip(header, row))
+    plan.setdefault(rec["rule"], set()).add(rec["plan"])
+print(json.dumps({rule: sorted(p) for rule, p in plan.items()}))
+"""
+
+
+def plan(workdir: Path, targets: list[str], configfiles: list[str] = ()) -> dict[str, list[str]]:
+    """The Snakemake API's plan for `targets` in `workdir`: rule -> plan values of its outputs.
+
+    Runs in a fresh interpreter so the workflow's own `src/` is the atlas package it imports."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAN_SCRIPT, json.dumps(targets), json.dumps(list(configfiles))],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"planning failed:\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def jobs_to_run(workdir: Path, targets: list[str]) -> set[str]:
+    return {rule for rule, plans in plan(workdir, targets).items() if plans != ["no update"]}
+
+
+@pytest.fixture
+def fixture_copy(tmp_path: Path):
+    """Copy one fixture file into tmp_path and return its path, to break it in place."""
+
+    def copy(name: str) -> Path:
+        dest = tmp_path / name
+        shutil.copy2(FIXTURES / name, dest)
+        return dest
+
+    return copy

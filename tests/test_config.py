@@ -1,0 +1,93 @@
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from atlas.config import AtlasConfig, ConfigError, config_slice, json_schema_text, load_config, parse_config
+from conftest import REPO
+
+
+def default_raw() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def test_embedded_default_is_tiny_on_cpu():
+    cfg = load_config(REPO / "config" / "config.yaml")
+    assert cfg.model.path is None and cfg.model.tiny is not None
+    assert cfg.resources.device == "cpu" and cfg.resources.gpus == 0
+    assert all(p.startswith("resources/fixtures/") for p in cfg.model.tiny.corpus)
+    assert cfg.data.gpqa.train == "resources/fixtures/gpqa_train.csv"
+
+
+def test_report25_describes_the_real_study():
+    cfg = load_config(REPO / "config" / "report25.yaml")
+    assert cfg.model.path is not None and cfg.model.tiny is None
+    assert (cfg.resources.device, cfg.resources.gpus) == ("cuda", 2)
+    assert cfg.schedule.steps * cfg.schedule.questions_per_step == 1280
+    assert (cfg.schedule.questions_per_step, cfg.training.responses_per_question) == (32, 8)
+    assert (cfg.data.gpqa.train_questions, cfg.data.lcb.train_questions) == (158, 140)
+    assert (cfg.data.gpqa.val_questions, cfg.data.lcb.val_questions) == (198, 175)
+
+
+def test_committed_schema_matches_the_models():
+    assert (REPO / "config" / "schema.json").read_text() == json_schema_text()
+
+
+def test_every_field_has_a_description():
+    def walk(model):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            ann = field.annotation
+            for sub in getattr(ann, "__args__", (ann,)):
+                if isinstance(sub, type) and hasattr(sub, "model_fields"):
+                    walk(sub)
+
+    walk(AtlasConfig)
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda c: c["schedule"].update(steps=0), "schedule.steps: Input should be greater than or equal to 1 (got 0)"),
+        (lambda c: c["schedule"].update(questions_per_stp=4), "schedule.questions_per_stp: Extra inputs are not permitted"),
+        (lambda c: c["data"]["gpqa"].pop("train"), "data.gpqa.train: Field required"),
+        (lambda c: c["model"]["tiny"].update(num_key_value_heads=3), "model.tiny: Value error, num_attention_heads (4) must be a multiple"),
+        (lambda c: c["model"].update(path="/models/x"), "model: Value error, set only one of model.path and model.tiny"),
+        (lambda c: c["resources"].update(gpus=2), "resources: Value error, gpus > 0 needs device: cuda"),
+        (lambda c: c["training"].update(engine="deepspeed"), "training.engine: Input should be 'local' or 'verl'"),
+    ],
+)
+def test_bad_config_names_key_path_and_reason(edit, expected):
+    raw = copy.deepcopy(default_raw())
+    edit(raw)
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw, "bad.yaml")
+    assert "invalid config bad.yaml" in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_config_slices_hold_only_what_the_stage_reads():
+    cfg = load_config(REPO / "config" / "config.yaml")
+    assert set(config_slice(cfg, "data")) == {"data", "schedule"}
+    assert set(config_slice(cfg, "model")) == {"model"}
+    assert config_slice(cfg, "data")["schedule"]["steps"] == cfg.schedule.steps
+
+
+def test_snakemake_stops_on_bad_config_before_any_job(tmp_path):
+    raw = default_raw()
+    raw["schedule"]["steps"] = -3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(bad), "--directory", str(tmp_path), "--snakefile", str(REPO / "Snakefile")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "schedule.steps: Input should be greater than or equal to 1 (got -3)" in out
+    assert "Building DAG" not in out
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,37 @@
+from atlas.sources import module_files
+from conftest import REPO
+
+
+def test_data_stage_runs_the_readers_but_not_the_model():
+    files = module_files("atlas.data.prepare", relative_to=REPO)
+    for f in ("gpqa.py", "lcb.py", "schedule.py", "schema.py", "prepare.py", "__init__.py"):
+        assert f"src/atlas/data/{f}" in files
+    for f in ("__init__.py", "config.py", "hashing.py", "stage.py", "errors.py", "sources.py"):
+        assert f"src/atlas/{f}" in files
+    assert not any(f.startswith("src/atlas/model/") for f in files)
+    assert "src/atlas/__main__.py" not in files
+
+
+def test_model_stage_does_not_run_the_readers():
+    files = module_files("atlas.model.build", relative_to=REPO)
+    assert "src/atlas/model/tiny.py" in files and "src/atlas/model/__init__.py" in files
+    assert not any(f.startswith("src/atlas/data/") for f in files)
+
+
+def test_imports_inside_functions_and_relative_imports_count(tmp_path):
+    pkg = tmp_path / "atlas"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "stage.py").write_text("def main():\n    from . import helper\n    import json\n")
+    (pkg / "sub" / "helper.py").write_text("from ..util import thing\n")
+    (pkg / "util.py").write_text("thing = 1\n")
+    (pkg / "unused.py").write_text("")
+    files = module_files("atlas.sub.stage", src=tmp_path, relative_to=tmp_path)
+    assert files == [
+        "atlas/__init__.py",
+        "atlas/sub/__init__.py",
+        "atlas/sub/helper.py",
+        "atlas/sub/stage.py",
+        "atlas/util.py",
+    ]
