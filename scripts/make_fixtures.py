@@ -81,7 +81,10 @@ def gpqa_question(kind: int, rng: random.Random) -> dict[str, str]:
     elif kind == 2:
         lam = rng.choice([124, 155, 248, 310, 413, 496, 620, 124 * 4])
         text = f"A photon has a wavelength of {lam} nm. Using hc = 1240 eV nm, what is its energy?"
-        c, w = f"{_num(1240 / lam)} eV", [f"{_num(lam / 1240)} eV", f"{_num(2480 / lam)} eV", f"{_num(620 / lam)} eV"]
+        c, w = (
+            f"{_num(1240 / lam)} eV",
+            [f"{_num(lam / 1240)} eV", f"{_num(2480 / lam)} eV", f"{_num(620 / lam)} eV"],
+        )
         e, sub, dom = "E = hc / lambda.", "Quantum Mechanics", "Physics"
     elif kind == 3:
         name, mm = rng.choice([("NaCl", 58.44), ("H2O", 18.02), ("CO2", 44.01), ("glucose", 180.16)])
@@ -104,10 +107,20 @@ def gpqa_question(kind: int, rng: random.Random) -> dict[str, str]:
         d, c0, h = rng.choice([2, 3, 4, 5]), rng.randint(10, 90), 0
         h = d * rng.randint(2, 5)
         text = f"A bacterial culture doubles every {d} hours. Starting from {c0} cells, how many cells are present after {h} hours?"
-        c, w = f"{c0 * 2 ** (h // d)}", [f"{c0 * 2 * (h // d)}", f"{c0 * 2 ** (h // d + 1)}", f"{c0 + 2 ** (h // d)}"]
+        c, w = (
+            f"{c0 * 2 ** (h // d)}",
+            [f"{c0 * 2 * (h // d)}", f"{c0 * 2 ** (h // d + 1)}", f"{c0 + 2 ** (h // d)}"],
+        )
         e, sub, dom = "N = N0 2^(t/T).", "Molecular Biology", "Biology"
     wrong = _distinct(c, w, [f"none of {c}", f"twice {c}", f"half of {c}"])
-    return {"Question": text, "Correct Answer": c, "Incorrect": wrong, "Explanation": e, "Subdomain": sub, "High-level domain": dom}
+    return {
+        "Question": text,
+        "Correct Answer": c,
+        "Incorrect": wrong,
+        "Explanation": e,
+        "Subdomain": sub,
+        "High-level domain": dom,
+    }
 
 
 def gpqa_rows(n: int, rng: random.Random, seen: set[str], split: str) -> list[dict[str, str]]:
@@ -129,7 +142,12 @@ def gpqa_rows(n: int, rng: random.Random, seen: set[str], split: str) -> list[di
                 "Correct Answer": q["Correct Answer"],
                 "Explanation": q["Explanation"],
                 "Subdomain": q["Subdomain"],
-                "Writer's Difficulty Estimate": rng.choice(["Easy undergraduate level (or easier)", "Hard undergraduate level (could be a question on a hard undergraduate exam for students majoring in the subject)"]),
+                "Writer's Difficulty Estimate": rng.choice(
+                    [
+                        "Easy undergraduate level (or easier)",
+                        "Hard undergraduate level (could be a question on a hard undergraduate exam for students majoring in the subject)",
+                    ]
+                ),
                 "Non-Expert Validator Accuracy": rng.choice(["0.0", "0.33", "0.67"]),
                 "Expert Validator Accuracy": rng.choice(["0.5", "1.0"]),
                 "Record ID": rid,
@@ -153,6 +171,7 @@ def write_gpqa(path: Path, rows: list[dict[str, str]]) -> None:
 
 
 # ---- LiveCodeBench: problems with reference solutions; tests computed from them ----
+
 
 def stdin_problem(kind: int, k: int, rng: random.Random) -> tuple[str, str, str, list[tuple[str, str]]]:
     """(title, statement, solution, tests) for a standard-input problem."""
@@ -198,7 +217,9 @@ def stdin_problem(kind: int, k: int, rng: random.Random) -> tuple[str, str, str,
     return title, text, sol, [make() for _ in range(5)]
 
 
-def functional_problem(kind: int, k: int, rng: random.Random) -> tuple[str, str, str, str, str, list[tuple[str, str]]]:
+def functional_problem(
+    kind: int, k: int, rng: random.Random
+) -> tuple[str, str, str, str, str, list[tuple[str, str]]]:
     """(title, statement, func_name, starter_code, solution, tests) for a LeetCode-style problem."""
     if kind == 0:
         fn, title = "countPairs", f"Count Pairs With Sum Above {k}"
@@ -263,10 +284,20 @@ def lcb_rows(n: int, rng: random.Random, start: int, solutions: dict[str, str]) 
         functional = i % 2 == 1
         if functional:
             title, text, fn, starter, sol, tests = functional_problem(i % 3, k, rng)
-            platform, qid, meta, ttype = "leetcode", f"{9000 + idx}", json.dumps({"func_name": fn}), "functional"
+            platform, qid, meta, ttype = (
+                "leetcode",
+                f"{9000 + idx}",
+                json.dumps({"func_name": fn}),
+                "functional",
+            )
         else:
             title, text, sol, tests = stdin_problem(i % 3, k, rng)
-            starter, platform, meta, ttype = "", rng.choice(["atcoder", "codeforces"]), json.dumps({}), "stdin"
+            starter, platform, meta, ttype = (
+                "",
+                rng.choice(["atcoder", "codeforces"]),
+                json.dumps({}),
+                "stdin",
+            )
             qid = f"abc{300 + idx}_{'abc'[i % 3]}" if platform == "atcoder" else f"{1900 + idx}{'ABC'[i % 3]}"
         cases = [{"input": a, "output": b, "testtype": ttype} for a, b in tests]
         public, private = cases[:2], cases[2:]
@@ -276,7 +307,11 @@ def lcb_rows(n: int, rng: random.Random, start: int, solutions: dict[str, str]) 
                 "question_content": text,
                 "platform": platform,
                 "question_id": qid,
-                "contest_id": qid.split("_")[0] if platform == "atcoder" else f"weekly-contest-{400 + idx}" if platform == "leetcode" else qid[:-1],
+                "contest_id": qid.split("_")[0]
+                if platform == "atcoder"
+                else f"weekly-contest-{400 + idx}"
+                if platform == "leetcode"
+                else qid[:-1],
                 "contest_date": f"2024-{1 + idx % 12:02d}-{1 + idx % 28:02d}T00:00:00",
                 "starter_code": starter,
                 "difficulty": ["easy", "medium", "hard"][idx % 3],
@@ -308,7 +343,9 @@ def main() -> None:
     solutions: dict[str, str] = {}
     write_jsonl(out / "lcb_train.jsonl", lcb_rows(20, rng, 0, solutions))
     write_jsonl(out / "lcb_val.jsonl", lcb_rows(14, rng, 20, solutions))
-    (out / "lcb_solutions.json").write_text(json.dumps(solutions, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "lcb_solutions.json").write_text(
+        json.dumps(solutions, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
 
 
 if __name__ == "__main__":

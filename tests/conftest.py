@@ -77,6 +77,7 @@ with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
     dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
     with contextlib.redirect_stdout(buf):
         dag.summary(detailed=False)
+    dag.execute_workflow(executor="dryrun")  # the plan must also pass a full dry run
 rows = [line.split("\\t") for line in buf.getvalue().splitlines() if line.strip()]
 header = rows[0]
 plan = {}

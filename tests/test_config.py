@@ -50,13 +50,28 @@ def test_every_field_has_a_description():
 @pytest.mark.parametrize(
     "edit, expected",
     [
-        (lambda c: c["schedule"].update(steps=0), "schedule.steps: Input should be greater than or equal to 1 (got 0)"),
-        (lambda c: c["schedule"].update(questions_per_stp=4), "schedule.questions_per_stp: Extra inputs are not permitted"),
+        (
+            lambda c: c["schedule"].update(steps=0),
+            "schedule.steps: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            lambda c: c["schedule"].update(questions_per_stp=4),
+            "schedule.questions_per_stp: Extra inputs are not permitted",
+        ),
         (lambda c: c["data"]["gpqa"].pop("train"), "data.gpqa.train: Field required"),
-        (lambda c: c["model"]["tiny"].update(num_key_value_heads=3), "model.tiny: Value error, num_attention_heads (4) must be a multiple"),
-        (lambda c: c["model"].update(path="/models/x"), "model: Value error, set only one of model.path and model.tiny"),
+        (
+            lambda c: c["model"]["tiny"].update(num_key_value_heads=3),
+            "model.tiny: Value error, num_attention_heads (4) must be a multiple",
+        ),
+        (
+            lambda c: c["model"].update(path="/models/x"),
+            "model: Value error, set only one of model.path and model.tiny",
+        ),
         (lambda c: c["resources"].update(gpus=2), "resources: Value error, gpus > 0 needs device: cuda"),
-        (lambda c: c["training"].update(engine="deepspeed"), "training.engine: Input should be 'local' or 'verl'"),
+        (
+            lambda c: c["training"].update(engine="deepspeed"),
+            "training.engine: Input should be 'local' or 'verl'",
+        ),
     ],
 )
 def test_bad_config_names_key_path_and_reason(edit, expected):
@@ -81,7 +96,18 @@ def test_snakemake_stops_on_bad_config_before_any_job(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(raw))
     proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(bad), "--directory", str(tmp_path), "--snakefile", str(REPO / "Snakefile")],
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "--configfile",
+            str(bad),
+            "--directory",
+            str(tmp_path),
+            "--snakefile",
+            str(REPO / "Snakefile"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,7 +13,7 @@ def test_reads_fixture_and_stores_permutation_and_letter():
     header, rows = read_csv(FIXTURES / "gpqa_train.csv")
     assert len(questions) == len(rows) == 24
     col = {name: header.index(name) for name in header}
-    for q, row in zip(questions, rows):
+    for q, row in zip(questions, rows, strict=True):
         assert q.question_uid == f"gpqa:{row[col['Record ID']]}"
         assert q.source == "gpqa" and q.split == "train"
         assert q.question == row[col["Question"]].strip()
@@ -40,7 +40,13 @@ def test_permutation_is_stable_across_processes():
         f"print(json.dumps([option_permutation(i) for i in {ids!r}]))"
     )
     outs = [
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(seed), "PATH": ""},
+        ).stdout
         for seed in (1, 2)
     ]
     assert outs[0] == outs[1]

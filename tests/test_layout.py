@@ -2,15 +2,25 @@
 
 import subprocess
 import sys
-import tomllib
 
+import tomllib
 import yaml
 
 from conftest import FIXTURES, REPO
 
 
 def test_layout_from_the_design():
-    for part in ("Snakefile", "rules", "config", "profiles", "envs", "scripts", "src/atlas", "resources/fixtures", "tests"):
+    for part in (
+        "Snakefile",
+        "rules",
+        "config",
+        "profiles",
+        "envs",
+        "scripts",
+        "src/atlas",
+        "resources/fixtures",
+        "tests",
+    ):
         assert (REPO / part).exists(), part
     for profile in ("default", "slurm", "kubernetes"):
         assert (REPO / "profiles" / profile / "config.yaml").is_file()
@@ -18,7 +28,9 @@ def test_layout_from_the_design():
 
 
 def test_fixtures_are_ours_and_reproducible(tmp_path):
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_fixtures.py"), "--out", str(tmp_path)], check=True)
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make_fixtures.py"), "--out", str(tmp_path)], check=True
+    )
     shipped = sorted(p.name for p in FIXTURES.iterdir())
     assert shipped == sorted(p.name for p in tmp_path.iterdir())
     for name in shipped:

@@ -80,14 +80,18 @@ def test_malicious_pickle_in_a_row_is_refused(fixture_copy, tmp_path):
     with pytest.raises(DataError) as err:
         read_lcb(path, "train")
     msg = str(err.value)
-    assert msg.startswith(f"{path}, line 4 (question_id {qid}): undecodable private_test_cases (UnpicklingError: refused global")
+    assert msg.startswith(
+        f"{path}, line 4 (question_id {qid}): undecodable private_test_cases (UnpicklingError: refused global"
+    )
     assert msg.endswith("expected a JSON list of tests, or base64(zlib(pickle(JSON string)))")
     assert not target.exists()
 
 
 def test_undecodable_blob(fixture_copy):
     path = _break(fixture_copy, lambda rows: rows[0].update(private_test_cases="eJzL%%%not-base64"))
-    with pytest.raises(DataError, match=r"line 1 \(question_id abc300_a\): undecodable private_test_cases \(Error: "):
+    with pytest.raises(
+        DataError, match=r"line 1 \(question_id abc300_a\): undecodable private_test_cases \(Error: "
+    ):
         read_lcb(path, "train")
 
 
@@ -117,7 +121,9 @@ def test_missing_keys_are_named(fixture_copy):
 
 def test_functional_without_func_name(fixture_copy):
     path = _break(fixture_copy, lambda rows: rows[1].update(metadata="{}"))
-    with pytest.raises(DataError, match=r"line 2 \(question_id 9001\): functional tests without metadata.func_name"):
+    with pytest.raises(
+        DataError, match=r"line 2 \(question_id 9001\): functional tests without metadata.func_name"
+    ):
         read_lcb(path, "train")
 
 

@@ -33,7 +33,9 @@ def test_two_builds_give_identical_bytes(model_dir, tmp_path):
     other = build(tmp_path / "tiny")
     names = tree_files(model_dir)
     assert names == tree_files(other)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "MANIFEST.json", "build_info.json"} <= set(names)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "MANIFEST.json", "build_info.json"} <= set(
+        names
+    )
     for name in names:
         assert (model_dir / name).read_bytes() == (other / name).read_bytes(), name
     # A different seed gives different weights (the test can fail).
@@ -59,7 +61,11 @@ def test_tokenizer_has_chat_template_and_single_call_tokens(model_dir):
     assert ids.count(call_open) == 1 and ids.count(call_close) == 1 and ids[-1] == call_close
     assert tok.decode(ids) == 'x<tool_call>{"name":"submit"}</tool_call>'
     text = tok.apply_chat_template(
-        [{"role": "system", "content": "S"}, {"role": "user", "content": "Q?"}, {"role": "tool", "content": "42"}],
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "Q?"},
+            {"role": "tool", "content": "42"},
+        ],
         add_generation_prompt=True,
         tokenize=False,
     )

@@ -37,7 +37,12 @@ def test_run_then_nothing_then_exactly_the_edited_stage(tmp_path):
     assert verify(wf / "results" / "data", check_sources=False) == []
     assert verify(wf / "results" / "models" / "tiny", check_sources=False) == []
     # The manifests name the code each stage ran, as paths in this copy, and they still match.
-    proc = subprocess.run([sys.executable, "-m", "atlas", "verify", "results/data", "results/models/tiny"], cwd=wf, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "atlas", "verify", "results/data", "results/models/tiny"],
+        cwd=wf,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout
 
     assert jobs_to_run(wf, TARGETS) == set()
@@ -83,8 +88,20 @@ def test_failed_data_job_leaves_no_outputs_and_says_why(tmp_path):
 
 
 def test_lint_and_format_are_clean():
-    lint = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True)
-    assert lint.returncode == 0 and "Congratulations, your workflow is in a good condition!" in lint.stdout + lint.stderr
+    lint = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True
+    )
+    assert (
+        lint.returncode == 0
+        and "Congratulations, your workflow is in a good condition!" in lint.stdout + lint.stderr
+    )
     snakefmt = shutil.which("snakefmt", path=str(Path(sys.executable).parent)) or "snakefmt"
     fmt = subprocess.run([snakefmt, "--check", "."], cwd=REPO, capture_output=True, text=True)
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def test_python_lint_and_format_are_clean():
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or "ruff"
+    for args in (["check", "src", "tests", "scripts"], ["format", "--check", "src", "tests", "scripts"]):
+        proc = subprocess.run([ruff, *args], cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -40,7 +40,10 @@ def test_writes_fixed_schemas_and_the_schedule(tmp_path):
     steps, per_step = s["schedule"]["steps"], s["schedule"]["questions_per_step"]
     assert train.height == steps * per_step
     assert train["slot"].to_list() == list(range(steps * per_step))
-    assert train.group_by("step").agg(pl.col("question_uid").n_unique())["question_uid"].to_list() == [per_step] * steps
+    assert (
+        train.group_by("step").agg(pl.col("question_uid").n_unique())["question_uid"].to_list()
+        == [per_step] * steps
+    )
 
     val = pl.read_parquet(out / "val.parquet")
     assert val.height == 16 + 14
@@ -103,11 +106,22 @@ def test_bad_input_exits_1_with_the_message(tmp_path):
     s = slice_with(tmp_path)
     s["data"]["gpqa"]["train_questions"] = 99
     proc = subprocess.run(
-        [sys.executable, "-m", "atlas", "data", "--config-slice", json.dumps(s), "--out", str(tmp_path / "d")],
+        [
+            sys.executable,
+            "-m",
+            "atlas",
+            "data",
+            "--config-slice",
+            json.dumps(s),
+            "--out",
+            str(tmp_path / "d"),
+        ],
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 1
-    assert proc.stderr.strip().endswith("gpqa_train.csv: holds 24 questions; expected 99 (data.gpqa.train_questions)")
+    assert proc.stderr.strip().endswith(
+        "gpqa_train.csv: holds 24 questions; expected 99 (data.gpqa.train_questions)"
+    )
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "d").exists()

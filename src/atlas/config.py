@@ -168,9 +168,7 @@ class AtlasConfig(_Strict):
     schedule: ScheduleConfig = Field(description="Ordered training schedule.")
     model: ModelConfig = Field(description="Base model.")
     training: TrainingConfig = Field(description="Training shape.")
-    resources: ResourcesConfig = Field(
-        default_factory=ResourcesConfig, description="Compute per job."
-    )
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Compute per job.")
 
 
 class ConfigError(InputError):

@@ -146,9 +146,7 @@ def build_manifest(
     return {
         "format": MANIFEST_FORMAT,
         "stage": stage,
-        "files": {
-            n: {"sha256": sha256_file(folder / n), "size": (folder / n).stat().st_size} for n in names
-        },
+        "files": {n: {"sha256": sha256_file(folder / n), "size": (folder / n).stat().st_size} for n in names},
         "inputs": _hash_paths(inputs),
         "code": _hash_paths(code),
         "config": config,
@@ -211,4 +209,3 @@ def verify(path: str | Path, *, check_sources: bool = True) -> list[str]:
                 elif sha256_file(src) != digest:
                     problems.append(f"{kind} {name}: changed since the folder was built (stale)")
     return problems
-

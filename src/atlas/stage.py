@@ -6,14 +6,13 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from atlas.errors import InputError
-
 from atlas.sources import module_files
 
 

@@ -14,6 +14,7 @@ import io
 import json
 import pickle
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,9 @@ def _parse_row(obj: Any, path: str, line: int, split: str, max_private: int) -> 
     func_name = metadata.get("func_name")
     if test_type == "functional":
         if not isinstance(func_name, str) or not func_name:
-            raise DataError(path, where, "functional tests without metadata.func_name", 'metadata {"func_name": ...}')
+            raise DataError(
+                path, where, "functional tests without metadata.func_name", 'metadata {"func_name": ...}'
+            )
         for key, group in (("public_test_cases", public), ("private_test_cases", private)):
             for t in group:
                 _check_functional(t, path, where, key)
@@ -176,7 +179,14 @@ def _parse_row(obj: Any, path: str, line: int, split: str, max_private: int) -> 
     )
 
 
-def read_lcb(path: str | Path, split: str, max_private_bytes: int = 256 * 2**20) -> list[Question]:
+def read_lcb(
+    path: str | Path,
+    split: str,
+    max_private_bytes: int = 256 * 2**20,
+    progress: Callable[[int], None] | None = None,
+) -> list[Question]:
+    """Every problem in the file, in file order; `progress(n)` is called every 50 problems
+    (upstream files are up to ~1 GB)."""
     path = str(path)
     if Path(path).stat().st_size == 0:
         raise DataError(path, None, "file is empty", "code_generation_lite JSONL, one problem per line")
@@ -191,7 +201,9 @@ def read_lcb(path: str | Path, split: str, max_private_bytes: int = 256 * 2**20)
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
                 hint = "; the file looks truncated" if not line.endswith("\n") else ""
-                raise DataError(path, where, f"not valid JSON ({err}){hint}", "one JSON object per line") from None
+                raise DataError(
+                    path, where, f"not valid JSON ({err}){hint}", "one JSON object per line"
+                ) from None
             q = _parse_row(obj, path, n, split, max_private_bytes)
             if q.record_id in first_line_of:
                 raise DataError(
@@ -202,6 +214,8 @@ def read_lcb(path: str | Path, split: str, max_private_bytes: int = 256 * 2**20)
                 )
             first_line_of[q.record_id] = n
             questions.append(q)
+            if progress is not None and len(questions) % 50 == 0:
+                progress(len(questions))
     if not questions:
         raise DataError(path, None, "no problems (only blank lines)", "one JSON object per line")
     return questions

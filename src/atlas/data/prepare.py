@@ -37,7 +37,13 @@ def read_split(data: DataConfig, split: str) -> list[Question]:
     questions: list[Question] = []
     for source, files, reader in (
         ("gpqa", data.gpqa, lambda p: read_gpqa(p, split)),
-        ("lcb", data.lcb, lambda p: read_lcb(p, split, data.max_private_tests_bytes)),
+        (
+            "lcb",
+            data.lcb,
+            lambda p: read_lcb(
+                p, split, data.max_private_tests_bytes, lambda n: log(STAGE, f"reading {p}", problems=n)
+            ),
+        ),
     ):
         path = getattr(files, split)
         rows = reader(path)
@@ -99,7 +105,13 @@ def main(argv: list[str] | None = None) -> None:
     ]
     val_rows = [{"position": i, **q.row()} for i, q in enumerate(val)]
     test_rows = [row for q in (*train, *val) for row in q.test_rows()]
-    log(STAGE, "schedule drawn", steps=schedule.steps, slots=len(slots), distinct=len({s.question_uid for s in slots}))
+    log(
+        STAGE,
+        "schedule drawn",
+        steps=schedule.steps,
+        slots=len(slots),
+        distinct=len({s.question_uid for s in slots}),
+    )
 
     out = args.out
     write_parquet(out / "train.parquet", train_rows, TRAIN_SCHEMA)

@@ -23,7 +23,9 @@ class Slot:
     question_uid: str
 
 
-def epoch_order(pool: Sequence[tuple[str, str]], epoch: int, seed: int, shuffle: bool) -> list[tuple[str, str]]:
+def epoch_order(
+    pool: Sequence[tuple[str, str]], epoch: int, seed: int, shuffle: bool
+) -> list[tuple[str, str]]:
     if not shuffle:
         return list(pool)
 

@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> None:
             },
         )
         check_saved(tmp, model, tokenizer)
-        write_manifest(tmp, stage=STAGE, inputs=spec.tiny.corpus, code=code_files(MODULE), config=args.config_slice)
+        write_manifest(
+            tmp, stage=STAGE, inputs=spec.tiny.corpus, code=code_files(MODULE), config=args.config_slice
+        )
     log(STAGE, "wrote", out=args.out)
 
 

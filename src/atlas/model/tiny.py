@@ -34,7 +34,7 @@ CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nCall exactly one tool per turn, as <tool_call>{\"name\":...,\"arguments\":...}</tool_call>.\\n<tools>' }}"
+    '{{- \'# Tools\\n\\nCall exactly one tool per turn, as <tool_call>{"name":...,"arguments":...}</tool_call>.\\n<tools>\' }}'
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
     "{{- '\\n</tools><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
