@@ -33,31 +33,26 @@ STAGE = "data"
 MODULE = "atlas.data.prepare"
 
 
+def read_source(data: DataConfig, source: str, split: str) -> list[Question]:
+    files = getattr(data, source)
+    path = getattr(files, split)
+    if source == "gpqa":
+        rows = read_gpqa(path, split)
+    else:
+        progress = lambda n: log(STAGE, f"reading {path}", problems=n)  # noqa: E731
+        rows = read_lcb(path, split, data.max_private_tests_bytes, progress)
+    expected = getattr(files, f"{split}_questions")
+    if expected is not None and len(rows) != expected:
+        raise DataError(
+            path, None, f"holds {len(rows)} questions", f"{expected} (data.{source}.{split}_questions)"
+        )
+    log(STAGE, f"read {source} {split}", path=path, questions=len(rows))
+    return rows
+
+
 def read_split(data: DataConfig, split: str) -> list[Question]:
-    questions: list[Question] = []
-    for source, files, reader in (
-        ("gpqa", data.gpqa, lambda p: read_gpqa(p, split)),
-        (
-            "lcb",
-            data.lcb,
-            lambda p: read_lcb(
-                p, split, data.max_private_tests_bytes, lambda n: log(STAGE, f"reading {p}", problems=n)
-            ),
-        ),
-    ):
-        path = getattr(files, split)
-        rows = reader(path)
-        expected = getattr(files, f"{split}_questions")
-        if expected is not None and len(rows) != expected:
-            raise DataError(
-                path,
-                None,
-                f"holds {len(rows)} questions",
-                f"{expected} (data.{source}.{split}_questions)",
-            )
-        log(STAGE, f"read {source} {split}", path=path, questions=len(rows))
-        questions.extend(rows)
-    return questions
+    """GPQA rows then LCB rows, each in file order."""
+    return read_source(data, "gpqa", split) + read_source(data, "lcb", split)
 
 
 def check_no_overlap(train: list[Question], val: list[Question]) -> None:
