@@ -6,6 +6,7 @@
     python -m atlas sources MODULE            the source files a stage module runs
     python -m atlas data ...                  = python -m atlas.data.prepare ...
     python -m atlas model ...                 = python -m atlas.model.build ...
+    python -m atlas grade lcb --problem ROW.json --code PROG.py   one JSON verdict
 
 Snakemake rules call the stage modules directly (`python -m atlas.data.prepare`), so an edit to
 this dispatcher reruns nothing.
@@ -19,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-STAGES = {"data": "atlas.data.prepare", "model": "atlas.model.build"}
+STAGES = {"data": "atlas.data.prepare", "model": "atlas.model.build", "grade": "atlas.graders.cli"}
 
 
 def _verify(paths: list[str], skip_sources: bool) -> int:

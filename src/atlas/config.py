@@ -142,6 +142,72 @@ class TrainingConfig(_Strict):
     )
 
 
+class RuntimeConfig(_Strict):
+    """The sequential tool runtime: turn and token limits, sampling, what tools show back."""
+
+    max_turns: int = Field(
+        default=3, ge=1, le=64, description="Generations per episode; the last one may only call submit."
+    )
+    max_text_tokens: int = Field(
+        default=48, ge=0, description="Free-text budget of one generation, in tokens (before its call)."
+    )
+    max_code_chars: int = Field(
+        default=768, ge=16, description="Longest `code` argument of the python / run_tests / submit tools."
+    )
+    max_generation_tokens: int = Field(
+        default=4096,
+        ge=8,
+        description="Token cap of one generation. Must exceed the grammar's hard bound (checked), so a "
+        "call is never cut off.",
+    )
+    max_trajectory_tokens: int = Field(
+        default=8192,
+        ge=64,
+        description="Prompt + generations + tool outputs of one episode. When the next turn could "
+        "overflow it, that turn may only submit.",
+    )
+    tool_output_chars: int = Field(
+        default=400,
+        ge=16,
+        description="Tool output shown to the policy (and kept in the record), in characters.",
+    )
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+
+
+class GraderConfig(_Strict):
+    """Sandboxed program runs for the python / run_tests / submit tools and the LCB grader."""
+
+    test_timeout_s: float = Field(default=6.0, gt=0, description="Wall-clock bound of one test run.")
+    program_timeout_s: float = Field(
+        default=30.0, gt=0, description="Wall-clock bound of all tests of one program together."
+    )
+    memory_mb: int = Field(default=1024, ge=64, description="Address-space limit of a program (RLIMIT_AS).")
+    cpu_s: int = Field(default=10, ge=1, description="CPU-time limit of one program run (RLIMIT_CPU).")
+    file_size_mb: int = Field(
+        default=16, ge=1, description="Largest file a program may write (RLIMIT_FSIZE)."
+    )
+    open_files: int = Field(default=64, ge=16, description="Open file descriptors (RLIMIT_NOFILE).")
+    max_output_bytes: int = Field(
+        default=1 << 16, ge=1024, description="Stdout / stderr kept per run; the rest is dropped."
+    )
+    workers: int = Field(default=2, ge=1, description="Programs graded at once (bounded pool).")
+    require_network_isolation: bool = Field(
+        default=False,
+        description="Refuse to run programs when `unshare -n` is not permitted, instead of recording "
+        "sandboxed: false.",
+    )
+
+
+class SmokeConfig(_Strict):
+    """The smoke stage: base-model rollouts over a slice of the validation set."""
+
+    questions: int = Field(
+        default=8, ge=1, description="First N validation questions (GPQA then LCB, half each)."
+    )
+    samples: int = Field(default=1, ge=1, description="Episodes per question.")
+
+
 class ResourcesConfig(_Strict):
     """Compute the jobs ask for; profiles map these to SLURM or Kubernetes."""
 
@@ -167,6 +233,9 @@ class AtlasConfig(_Strict):
     data: DataConfig = Field(description="Question inputs.")
     schedule: ScheduleConfig = Field(description="Ordered training schedule.")
     model: ModelConfig = Field(description="Base model.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Tool runtime limits.")
+    graders: GraderConfig = Field(default_factory=GraderConfig, description="Sandboxed program runs.")
+    smoke: SmokeConfig = Field(default_factory=SmokeConfig, description="The smoke stage.")
     training: TrainingConfig = Field(description="Training shape.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Compute per job.")
 
