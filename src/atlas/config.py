@@ -151,8 +151,17 @@ class RuntimeConfig(_Strict):
     max_text_tokens: int = Field(
         default=48, ge=0, description="Free-text budget of one generation, in tokens (before its call)."
     )
-    max_code_chars: int = Field(
-        default=768, ge=16, description="Longest `code` argument of the python / run_tests / submit tools."
+    max_code_run: int = Field(
+        default=64,
+        ge=8,
+        description="`code` arguments: most printable ASCII characters between two escapes (a line, "
+        "roughly).",
+    )
+    max_code_escapes: int = Field(
+        default=8,
+        ge=0,
+        description="`code` arguments: most escape sequences (\\n, \\t, \\\", \\\\, \\/, \\uXXXX). A code "
+        "string holds at most max_code_run + max_code_escapes * (max_code_run + 1) characters.",
     )
     max_generation_tokens: int = Field(
         default=4096,

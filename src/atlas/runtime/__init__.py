@@ -1,0 +1,1 @@
+"""The sequential tool runtime: tools, grammar, rollout engines, episodes, records, protocol checks."""

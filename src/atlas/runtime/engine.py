@@ -1,0 +1,170 @@
+"""Rollout engines: grammar-constrained batched sampling that reports what it did per token.
+
+For every generated token an engine returns the id, its log-prob under the masked (grammar +
+temperature) distribution, and whether it was sampled (1) or forced (0). A token is forced when
+the grammar admits exactly one token: nothing was chosen, so it carries log-prob 0 and is kept
+out of the policy loss. Log-probs are taken before top-p truncation (as vLLM reports them), so
+a PPO ratio recomputed under the same masks matches them.
+
+`HFEngine` is plain transformers + xgrammar on CPU or one CUDA device: left-padded batch, a
+KV cache, one GrammarMatcher per row with the masks filled for the whole batch at once, and one
+torch.Generator per row seeded by the request, so a row's tokens do not depend on its batch mates.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import xgrammar as xgr
+
+from atlas.runtime.grammar import CompiledCall
+
+# A per-row logit bias for scripted boundary cases: given the tokens generated so far, an additive
+# bias over the vocabulary (or None). It steers sampling; the grammar still decides what is legal.
+LogitBias = Callable[[list[int]], torch.Tensor | None]
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    grammar: CompiledCall
+    max_new_tokens: int
+    seed: int
+    bias: LogitBias | None = None
+
+
+@dataclass
+class Generation:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)  # 1 sampled, 0 forced (grammar left one token)
+    finish_reason: str = "length"  # "stop": grammar completed with a stop token; "length": cap hit
+    mask_s: float = 0.0  # time spent filling and applying grammar masks for this row's batch
+
+
+class RolloutEngine(Protocol):
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
+
+
+def _top_p_sample(logp: torch.Tensor, top_p: float, generator: torch.Generator) -> int:
+    probs = logp.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < top_p  # smallest prefix whose mass reaches top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class HFEngine:
+    def __init__(
+        self,
+        model,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        pad_token_id: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        constrained: bool = True,
+    ):
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.vocab_size = vocab_size
+        self.stop_token_ids = set(stop_token_ids)
+        self.pad_token_id = pad_token_id
+        self.temperature = temperature
+        self.top_p = top_p
+        self.constrained = constrained  # False only for benchmarks and the naive-grammar ablation
+        self.batch_matcher = xgr.BatchGrammarMatcher()
+        # transformers 5 renamed the KV cache argument and output from past_key_values to cache.
+        self._cache_arg = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
+
+    @torch.no_grad()
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if not requests:
+            return []
+        n = len(requests)
+        outs = [Generation() for _ in requests]
+        matchers = [xgr.GrammarMatcher(r.grammar.grammar) for r in requests]
+        generators = [torch.Generator().manual_seed(r.seed) for r in requests]
+        active = list(range(n))
+        bitmask = xgr.allocate_token_bitmask(n, self.vocab_size)
+
+        # Left-pad the prompts; positions count real tokens only.
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            attn[i, width - len(r.prompt_ids) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        cache, last_pos = getattr(out, self._cache_arg), positions[:, -1]
+        logits = out.logits[:, -1, : self.vocab_size].float()
+
+        step = 0
+        while active:
+            logits = logits / self.temperature
+            t0 = time.perf_counter()
+            for i in active:
+                if requests[i].bias is not None:
+                    b = requests[i].bias(outs[i].token_ids)
+                    if b is not None:
+                        logits[i] += b[: self.vocab_size].to(logits.device)
+            if self.constrained:
+                self.batch_matcher.batch_fill_next_token_bitmask(
+                    [matchers[i] for i in active], bitmask, indices=active
+                )
+                xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=active)
+            mask_s = time.perf_counter() - t0
+            logp_all = torch.log_softmax(logits, dim=-1).cpu()
+            allowed = torch.isfinite(logp_all).sum(-1)
+
+            next_ids = torch.full((n,), self.pad_token_id, dtype=torch.long)
+            still = []
+            for i in active:
+                g = outs[i]
+                g.mask_s += mask_s / len(active)
+                if allowed[i] == 1:  # forced: the grammar leaves one token
+                    tok, lp, sampled = int(logp_all[i].argmax()), 0.0, 0
+                else:
+                    tok = _top_p_sample(logp_all[i], self.top_p, generators[i])
+                    lp, sampled = float(logp_all[i, tok]), 1
+                if self.constrained and not matchers[i].accept_token(tok):
+                    raise RuntimeError(f"grammar rejected token {tok} it had allowed (row {i}, step {step})")
+                g.token_ids.append(tok)
+                g.logprobs.append(lp)
+                g.sampled.append(sampled)
+                next_ids[i] = tok
+                if tok in self.stop_token_ids and (not self.constrained or matchers[i].is_terminated()):
+                    g.finish_reason = "stop"
+                elif len(g.token_ids) >= requests[i].max_new_tokens:
+                    g.finish_reason = "length"
+                else:
+                    still.append(i)
+            active = still
+            step += 1
+            if not active:
+                break
+            # One more position for every row (finished rows feed padding that nothing reads).
+            attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=attn.device)], dim=1)
+            last_pos = last_pos + 1
+            out = self.model(
+                input_ids=next_ids.view(n, 1).to(self.device),
+                attention_mask=attn,
+                position_ids=last_pos.view(n, 1),
+                use_cache=True,
+                **{self._cache_arg: cache},
+            )
+            cache = getattr(out, self._cache_arg)
+            logits = out.logits[:, -1, : self.vocab_size].float()
+        return outs

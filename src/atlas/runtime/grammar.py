@@ -1,0 +1,154 @@
+r"""The call grammar: bounded free text, then exactly one tool call, then only a stop token.
+
+    generation ::= text{<= max_text_tokens, never "<tool_call>" or "</tool_call>"}
+                   <tool_call> {"name":"<tool>","arguments":<compact JSON args>} </tool_call>  EOS
+
+It is an xgrammar structural tag. `<tool_call>` and `</tool_call>` are matched as their single
+token ids (TokenFormat), so a call is never spelled out in pieces and parsing is by token id.
+The arguments grammar is written here, not lowered from JSON schema by xgrammar: xgrammar 0.2.9
+lowers a `maxLength` string to `[^"\\\r\n]{0,N}`, which admits raw control characters (invalid
+JSON) and no escapes (code needs `\n`), and a bounded repeat of a rule with alternatives (the
+obvious fix) costs ~50 ms per mask. Enums are literal alternatives; a code string is
+
+    "\"" run ("\\" escape run){0,E} "\""    run ::= [ !#-\[\]-~]{0,R}    (printable ASCII)
+    escape ::= one of \" \\ \/ \n \t or \uXXXX
+
+with no whitespace anywhere outside strings (~100 us per mask here). Every region is bounded, so
+a generation has a hard token bound (`CompiledCall.token_bound`); the runtime's token cap must
+exceed it, so a call can never be cut off, and the report's whitespace loop inside an unclosed call
+cannot happen.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import xgrammar as xgr
+from xgrammar.structural_tag import (
+    AnyTextFormat,
+    ConstStringFormat,
+    GrammarFormat,
+    OrFormat,
+    SequenceFormat,
+    StructuralTag,
+    TokenFormat,
+)
+
+from atlas.model.tiny import CALL_CLOSE, CALL_OPEN
+from atlas.runtime.tools import Tool
+
+RUN_CLASS = r"[ !#-\[\]-~]"  # printable ASCII without quote and backslash
+ESCAPE = r'"\\" (["\\/nt] | "u" [0-9a-fA-F]{4})'
+MAX_ESCAPE_BYTES = 6  # \uXXXX
+# Free text may stop inside a multi-byte UTF-8 character only once it is complete: allow the
+# budget to run over by at most the 3 continuation bytes of a character.
+UTF8_SLACK_TOKENS = 3
+
+
+def _ebnf_literal(text: str) -> str:
+    return json.dumps(text)  # a JSON string literal is a valid EBNF string literal here
+
+
+def arguments_ebnf(schema: dict) -> tuple[str, int]:
+    """Compact-JSON grammar of an arguments object, and the most bytes it can take.
+
+    Supports the subset our tools use: an object of required string properties, each an enum or
+    a bounded string, written in `required` order with no whitespace."""
+    if schema.get("type") != "object" or schema.get("additionalProperties") is not False:
+        raise ValueError("tool schemas must be closed objects (additionalProperties: false)")
+    parts, max_bytes = [], 2  # the braces
+    for i, key in enumerate(schema["required"]):
+        prop = schema["properties"][key]
+        if prop.get("type") != "string":
+            raise ValueError(f"property {key!r}: only string properties are supported")
+        prefix = ("," if i else "") + json.dumps(key) + ":"
+        max_bytes += len(prefix.encode())
+        if "enum" in prop:
+            options = " | ".join(_ebnf_literal(json.dumps(v)) for v in prop["enum"])
+            parts += [_ebnf_literal(prefix), f"({options})"]
+            max_bytes += max(len(json.dumps(v).encode()) for v in prop["enum"])
+        elif "x-atlas-max-run" in prop:
+            run, escapes = int(prop["x-atlas-max-run"]), int(prop["x-atlas-max-escapes"])
+            runs = f"{RUN_CLASS}{{0,{run}}}"
+            parts += [
+                _ebnf_literal(prefix + '"'),
+                runs,
+                f"({ESCAPE} {runs}){{0,{escapes}}}",
+                _ebnf_literal('"'),
+            ]
+            max_bytes += 2 + run + escapes * (MAX_ESCAPE_BYTES + run)
+        else:
+            raise ValueError(f"property {key!r}: strings must be an enum or a bounded code string")
+    return "root ::= " + " ".join([_ebnf_literal("{"), *parts, _ebnf_literal("}")]), max_bytes
+
+
+def call_prefix(name: str) -> str:
+    return f'{{"name":{json.dumps(name)},"arguments":'
+
+
+def structural_tag(tools: dict[str, Tool], max_text_tokens: int) -> tuple[StructuralTag, int]:
+    """The structural tag for one tool set, and the hard token bound of a generation under it."""
+    calls, longest_call = [], 0
+    for name, tool in sorted(tools.items()):
+        ebnf, arg_bytes = arguments_ebnf(tool.schema)
+        prefix = call_prefix(name)
+        calls.append(
+            SequenceFormat(
+                elements=[
+                    ConstStringFormat(value=prefix),
+                    GrammarFormat(grammar=ebnf),
+                    ConstStringFormat(value="}"),
+                ]
+            )
+        )
+        longest_call = max(longest_call, len(prefix.encode()) + arg_bytes + 1)
+    tag = StructuralTag(
+        format=SequenceFormat(
+            elements=[
+                AnyTextFormat(excludes=[CALL_OPEN, CALL_CLOSE], max_tokens=max_text_tokens),
+                TokenFormat(token=CALL_OPEN),
+                OrFormat(elements=calls),
+                TokenFormat(token=CALL_CLOSE),
+            ]
+        )
+    )
+    # Every token inside the call holds at least one byte, so bytes bound tokens.
+    bound = max_text_tokens + UTF8_SLACK_TOKENS + 1 + longest_call + 1 + 1  # open, call, close, EOS
+    return tag, bound
+
+
+@dataclass(frozen=True)
+class CompiledCall:
+    tools: tuple[str, ...]
+    grammar: xgr.CompiledGrammar
+    token_bound: int  # no generation under this grammar is longer, stop token included
+
+
+class CallGrammars:
+    """Compiles the call grammar once per tool set (cached) for one tokenizer."""
+
+    def __init__(
+        self, tokenizer, vocab_size: int, stop_token_ids: list[int], max_text_tokens: int, max_tokens: int
+    ):
+        self.info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
+        )
+        self.compiler = xgr.GrammarCompiler(self.info)
+        self.max_text_tokens = max_text_tokens
+        self.max_tokens = max_tokens
+        self._cache: dict[tuple, CompiledCall] = {}
+
+    def get(self, tools: dict[str, Tool]) -> CompiledCall:
+        key = tuple(sorted((name, json.dumps(t.schema, sort_keys=True)) for name, t in tools.items()))
+        if key not in self._cache:
+            tag, bound = structural_tag(tools, self.max_text_tokens)
+            if bound >= self.max_tokens:
+                raise ValueError(
+                    f"runtime.max_generation_tokens ({self.max_tokens}) must exceed the grammar's hard "
+                    f"bound ({bound} tokens for tools {sorted(tools)}); raise it or lower "
+                    "runtime.max_text_tokens / runtime.max_code_chars"
+                )
+            grammar = self.compiler.compile_structural_tag(tag)
+            self._cache[key] = CompiledCall(tuple(sorted(tools)), grammar, bound)
+        return self._cache[key]
