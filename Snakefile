@@ -37,6 +37,7 @@ validate(config, "config/schema.json", set_default=False)
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/model.smk"
+include: "rules/runtime.smk"
 
 
 rule all:
@@ -44,3 +45,4 @@ rule all:
     input:
         rules.prepare_data.output,
         MODEL_DIR,
+        rules.smoke.output,

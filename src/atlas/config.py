@@ -293,6 +293,8 @@ def json_schema_text() -> str:
 STAGE_SLICES: dict[str, tuple[str, ...]] = {
     "data": ("data", "schedule"),
     "model": ("model",),
+    "smoke": ("seed", "runtime", "graders", "smoke", "resources"),
+    "boundary": ("seed", "runtime", "graders", "resources"),
 }
 
 

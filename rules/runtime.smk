@@ -1,0 +1,18 @@
+rule smoke:
+    """Base-model rollouts over a slice of the validation set: records and protocol counts."""
+    input:
+        val=rules.prepare_data.output.val,
+        tests=rules.prepare_data.output.tests,
+        model=MODEL_DIR,
+        code=code("atlas.runtime.smoke"),
+    output:
+        directory("results/runs/smoke"),
+    log:
+        "results/logs/smoke.log",
+    conda:
+        "../envs/atlas.yaml"
+    params:
+        slice=stage_slice("smoke"),
+    shell:
+        "python -m atlas.runtime.smoke --config-slice {params.slice:q} --val {input.val}"
+        " --tests {input.tests} --model {input.model} --out {output} > {log} 2>&1"

@@ -1,0 +1,35 @@
+"""Question inputs for rollouts: rows of val.parquet / train.parquet and their LCB tests."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from atlas.data.schema import TestCase
+
+
+def read_questions(path: str | Path) -> list[dict]:
+    return pq.read_table(path).to_pylist()
+
+
+def read_tests(path: str | Path) -> dict[str, list[tuple[TestCase, str]]]:
+    """question_uid -> [(test, "public" | "private")], public tests first, each in file order."""
+    by_uid: dict[str, list[tuple[int, int, TestCase, str]]] = defaultdict(list)
+    for r in pq.read_table(path).to_pylist():
+        order = 0 if r["visibility"] == "public" else 1
+        by_uid[r["question_uid"]].append(
+            (order, r["index"], TestCase(r["testtype"], r["input"], r["output"]), r["visibility"])
+        )
+    return {
+        uid: [(t, vis) for _, _, t, vis in sorted(rows, key=lambda x: x[:2])] for uid, rows in by_uid.items()
+    }
+
+
+def smoke_slice(questions: list[dict], n: int) -> list[dict]:
+    """The first n questions, half GPQA and half LCB (in val order), or all if fewer."""
+    gpqa = [q for q in questions if q["source"] == "gpqa"]
+    lcb = [q for q in questions if q["source"] == "lcb"]
+    take_gpqa = min(len(gpqa), n - min(len(lcb), n // 2))
+    return gpqa[:take_gpqa] + lcb[: n - take_gpqa]

@@ -1,0 +1,43 @@
+"""What every rollout run folder holds: records.parquet, trajectories.parquet, protocol.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from atlas.hashing import atomic_path, atomic_write_json
+from atlas.runtime.protocol import ProtocolReport
+from atlas.runtime.records import TRAJECTORY_SCHEMA, write_records
+
+
+def trajectory_row(ep, *, run: str, step: int, phase: str) -> dict:
+    return {
+        "run": run,
+        "step": step,
+        "phase": phase,
+        "question_uid": ep.question["question_uid"],
+        "source": ep.question["source"],
+        "sample": ep.sample,
+        "prompt_tokens": ep.prompt_tokens,
+        "token_ids": ep.token_ids,
+        "loss_mask": ep.loss_mask,
+        "sampled": ep.sampled,
+        "logprobs": ep.logprobs,
+        "completed": ep.end_reason == "submit",
+        "end_reason": ep.end_reason,
+        "score": ep.score,
+        "turns": len(ep.generations),
+    }
+
+
+def write_rollouts(
+    folder: str | Path, episodes, report: ProtocolReport, *, run: str, step: int, phase: str
+) -> None:
+    folder = Path(folder)
+    write_records(folder / "records.parquet", [r for ep in episodes for r in ep.records])
+    rows = [trajectory_row(ep, run=run, step=step, phase=phase) for ep in episodes]
+    with atomic_path(folder / "trajectories.parquet") as tmp:
+        pq.write_table(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), tmp, compression="zstd")
+    atomic_write_json(folder / "protocol.json", {"run": run, **report.to_json()})

@@ -1,0 +1,64 @@
+"""Smoke stage: base-model rollouts over a slice of the validation set, through the real runtime.
+
+Writes `<out>/` with records.parquet (one ExecutionRecord per generation), trajectories.parquet
+(token ids and masks per episode), protocol.json (episodes, completed, generations, records,
+calls, violations) and MANIFEST.json. Protocol violations are counted, never a crash; the stage
+fails after writing if any occurred or an episode did not complete, so the pipeline stops there.
+
+    python -m atlas.runtime.smoke --config-slice '{...}' --val results/data/val.parquet \
+        --tests results/data/tests.parquet --model results/models/tiny --out results/runs/smoke
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig, SmokeConfig
+from atlas.hashing import atomic_dir, write_manifest
+from atlas.runtime.episode import EpisodeSpec, run_episodes
+from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
+from atlas.runtime.protocol import PINNED_COUNTS, check_episodes
+from atlas.runtime.runfolder import write_rollouts
+from atlas.runtime.session import load_runtime
+from atlas.stage import code_files, log, run, stage_parser
+
+RUN = "smoke"
+MODULE = "atlas.runtime.smoke"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = stage_parser(__doc__.splitlines()[0])
+    parser.add_argument("--val", required=True, type=Path)
+    parser.add_argument("--tests", required=True, type=Path)
+    parser.add_argument("--model", required=True, type=Path)
+    args = parser.parse_args(argv)
+    s = args.config_slice
+    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
+    smoke, resources = SmokeConfig.model_validate(s["smoke"]), ResourcesConfig.model_validate(s["resources"])
+
+    questions = smoke_slice(read_questions(args.val), smoke.questions)
+    tests = read_tests(args.tests)
+    specs = [
+        EpisodeSpec(q, tests.get(q["question_uid"], []), k) for q in questions for k in range(smoke.samples)
+    ]
+    rt = load_runtime(args.model, runtime, resources.device)
+    log(RUN, "rolling out", episodes=len(specs), questions=len(questions))
+    episodes = run_episodes(rt, specs, runtime, graders, run=RUN, step=0, phase="val", seed=s["seed"])
+    report = check_episodes(episodes, rt.decode, rt.call_open_id, rt.call_close_id)
+    counts = {k: getattr(report, k) for k in PINNED_COUNTS}
+    log(RUN, "protocol", **counts)
+
+    with atomic_dir(args.out) as tmp:
+        write_rollouts(tmp, episodes, report, run=RUN, step=0, phase="val")
+        write_manifest(tmp, stage=RUN, inputs=[args.val, args.tests], code=code_files(MODULE), config=s)
+    if report.violations or report.completed != report.episodes:
+        print(json.dumps(report.violation_rows[:20], indent=1), file=sys.stderr)
+        raise SystemExit(
+            f"smoke: {report.violations} protocol violations, {report.completed}/{report.episodes} completed"
+        )
+
+
+if __name__ == "__main__":
+    run(main)
