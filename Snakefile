@@ -46,3 +46,4 @@ rule all:
         rules.prepare_data.output,
         MODEL_DIR,
         rules.smoke.output,
+        rules.boundary.output,

@@ -16,3 +16,23 @@ rule smoke:
     shell:
         "python -m atlas.runtime.smoke --config-slice {params.slice:q} --val {input.val}"
         " --tests {input.tests} --model {input.model} --out {output} > {log} 2>&1"
+
+
+rule boundary:
+    """One scripted episode per runtime boundary, each asserted in boundary.json."""
+    input:
+        val=rules.prepare_data.output.val,
+        tests=rules.prepare_data.output.tests,
+        model=MODEL_DIR,
+        code=code("atlas.runtime.boundary"),
+    output:
+        directory("results/runs/boundary"),
+    log:
+        "results/logs/boundary.log",
+    conda:
+        "../envs/atlas.yaml"
+    params:
+        slice=stage_slice("boundary"),
+    shell:
+        "python -m atlas.runtime.boundary --config-slice {params.slice:q} --val {input.val}"
+        " --tests {input.tests} --model {input.model} --out {output} > {log} 2>&1"

@@ -99,7 +99,9 @@ def _check_functional(test: TestCase, path: str, where: str, key: str) -> None:
         ) from None
 
 
-def _parse_row(obj: Any, path: str, line: int, split: str, max_private: int) -> Question:
+def parse_row(obj: Any, path: str, line: int, split: str, max_private: int) -> Question:
+    """One decoded code_generation_lite row as a Question, checked the way `read_lcb` checks every
+    line; errors name `path` and `line`. The grader CLI uses it for a single-row file."""
     where = f"line {line}"
     if not isinstance(obj, dict):
         raise DataError(path, where, f"a JSON {type(obj).__name__}", "one JSON object per line")
@@ -204,7 +206,7 @@ def read_lcb(
                 raise DataError(
                     path, where, f"not valid JSON ({err}){hint}", "one JSON object per line"
                 ) from None
-            q = _parse_row(obj, path, n, split, max_private_bytes)
+            q = parse_row(obj, path, n, split, max_private_bytes)
             if q.record_id in first_line_of:
                 raise DataError(
                     path,

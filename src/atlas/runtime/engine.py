@@ -70,6 +70,7 @@ class HFEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         constrained: bool = True,
+        banned_token_ids: Sequence[int] = (),
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -79,6 +80,9 @@ class HFEngine:
         self.temperature = temperature
         self.top_p = top_p
         self.constrained = constrained  # False only for benchmarks and the naive-grammar ablation
+        # Control tokens a generation may never hold (<|im_start|>, padding, ...): -inf always.
+        self.ban = torch.zeros(vocab_size)
+        self.ban[list(banned_token_ids)] = float("-inf")
         self.batch_matcher = xgr.BatchGrammarMatcher()
         # transformers 5 renamed the KV cache argument and output from past_key_values to cache.
         self._cache_arg = (
@@ -114,6 +118,8 @@ class HFEngine:
         step = 0
         while active:
             logits = logits / self.temperature
+            if self.constrained:
+                logits += self.ban.to(logits.device)
             t0 = time.perf_counter()
             for i in active:
                 if requests[i].bias is not None:

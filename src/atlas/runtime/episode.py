@@ -24,7 +24,7 @@ from typing import Any
 from atlas.config import GraderConfig, RuntimeConfig
 from atlas.data.schema import TestCase
 from atlas.hashing import canonical_json, sha256_bytes
-from atlas.runtime.engine import GenerationRequest, LogitBias
+from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.execute import ToolResult, execute_call
 from atlas.runtime.protocol import parse_call
 from atlas.runtime.records import ExecutionRecord
@@ -64,7 +64,8 @@ class EpisodeSpec:
     question: dict[str, Any]  # a row of val.parquet / train.parquet
     tests: list[tuple[TestCase, str]]  # (test, visibility); empty for GPQA
     sample: int
-    bias: LogitBias | None = None  # scripted boundary cases steer sampling (the grammar still rules)
+    # Scripted boundary cases: the text each turn is steered toward (the grammar still rules).
+    script: list[str] | None = None
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Episode:
     question: dict[str, Any]
     tests: list[tuple[TestCase, str]]
     sample: int
-    bias: LogitBias | None
+    script: list[str] | None
     tools: dict[str, Tool]
     token_ids: list[int]
     prompt_tokens: int
@@ -105,7 +106,7 @@ def start_episode(rt: Runtime, spec: EpisodeSpec, code: CodeBounds) -> Episode:
         question=spec.question,
         tests=spec.tests,
         sample=spec.sample,
-        bias=spec.bias,
+        script=spec.script,
         tools=tools,
         token_ids=list(ids),
         prompt_tokens=len(ids),
@@ -156,13 +157,14 @@ def run_episodes(
                     continue
                 grammar = rt.grammars.get(offered)
                 uid = ep.question["question_uid"]
+                steer = rt.steer(ep.script[turn]) if ep.script and turn < len(ep.script) else None
                 requests.append(
                     GenerationRequest(
                         ep.token_ids,
                         grammar,
                         cfg.max_generation_tokens,
                         episode_seed(seed, run, step, uid, ep.sample, turn),
-                        ep.bias,
+                        steer,
                     )
                 )
                 batch.append((ep, offered, grammar.token_bound))

@@ -66,9 +66,9 @@ def execute_call(
         run = run_program(args["code"], limits=SandboxLimits.from_config(graders))
         output = run.stdout
         if run.status == "timeout":
-            output += f"\n[timed out after {graders.test_timeout_s:g} s]"
-        elif run.status == "error":
-            output += f"\n[exit {run.returncode}] {run.stderr[-output_chars:]}"
+            output = f"[timed out after {graders.test_timeout_s:g} s]\n{run.stdout}"
+        elif run.status == "error":  # the end of the traceback first: it names the error
+            output = f"[exit {run.returncode}] {run.stderr[-output_chars // 2 :]}\n{run.stdout}"
         return ToolResult(run.status, output, 0.0, run.sandboxed, False)
     if source == "lcb" and name in ("run_tests", "submit"):
         public = [t for t, vis in tests if vis == "public"] if name == "run_tests" else [t for t, _ in tests]

@@ -87,7 +87,12 @@ def call_prefix(name: str) -> str:
     return f'{{"name":{json.dumps(name)},"arguments":'
 
 
-def structural_tag(tools: dict[str, Tool], max_text_tokens: int) -> tuple[StructuralTag, int]:
+def structural_tag(
+    tools: dict[str, Tool],
+    max_text_tokens: int,
+    call_open: int | str = CALL_OPEN,
+    call_close: int | str = CALL_CLOSE,
+) -> tuple[StructuralTag, int]:
     """The structural tag for one tool set, and the hard token bound of a generation under it."""
     calls, longest_call = [], 0
     for name, tool in sorted(tools.items()):
@@ -107,9 +112,9 @@ def structural_tag(tools: dict[str, Tool], max_text_tokens: int) -> tuple[Struct
         format=SequenceFormat(
             elements=[
                 AnyTextFormat(excludes=[CALL_OPEN, CALL_CLOSE], max_tokens=max_text_tokens),
-                TokenFormat(token=CALL_OPEN),
+                TokenFormat(token=call_open),
                 OrFormat(elements=calls),
-                TokenFormat(token=CALL_CLOSE),
+                TokenFormat(token=call_close),
             ]
         )
     )
@@ -125,16 +130,37 @@ class CompiledCall:
     token_bound: int  # no generation under this grammar is longer, stop token included
 
 
+def grammar_tokenizer_info(
+    tokenizer, vocab_size: int, stop_token_ids: list[int]
+) -> tuple[xgr.TokenizerInfo, set[int]]:
+    """xgrammar's view of the vocabulary, with added tokens made unmatchable as content.
+
+    xgrammar matches tokens by their bytes, so `</tool_call>` or `<|im_start|>` would be legal
+    *inside* a code string (their bytes are printable ASCII). Each added token's bytes are
+    prefixed with 0xFF, a byte no grammar here admits, so they match only where a TokenFormat
+    names their id. Returns the info and the ids no generation may ever produce (added tokens
+    other than the call tags and stop tokens), which the engine bans outright."""
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    vocab = list(info.decoded_vocab)
+    added = tokenizer.get_added_vocab()
+    for token, i in added.items():
+        if i not in stop_token_ids:
+            vocab[i] = b"\xff" + token.encode("utf-8")
+    raw = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    banned = {i for t, i in added.items() if t not in (CALL_OPEN, CALL_CLOSE) and i not in stop_token_ids}
+    return raw, banned
+
+
 class CallGrammars:
     """Compiles the call grammar once per tool set (cached) for one tokenizer."""
 
     def __init__(
         self, tokenizer, vocab_size: int, stop_token_ids: list[int], max_text_tokens: int, max_tokens: int
     ):
-        self.info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
-        )
+        self.info, self.banned_token_ids = grammar_tokenizer_info(tokenizer, vocab_size, list(stop_token_ids))
         self.compiler = xgr.GrammarCompiler(self.info)
+        self.call_open_id = tokenizer.convert_tokens_to_ids(CALL_OPEN)
+        self.call_close_id = tokenizer.convert_tokens_to_ids(CALL_CLOSE)
         self.max_text_tokens = max_text_tokens
         self.max_tokens = max_tokens
         self._cache: dict[tuple, CompiledCall] = {}
@@ -142,12 +168,12 @@ class CallGrammars:
     def get(self, tools: dict[str, Tool]) -> CompiledCall:
         key = tuple(sorted((name, json.dumps(t.schema, sort_keys=True)) for name, t in tools.items()))
         if key not in self._cache:
-            tag, bound = structural_tag(tools, self.max_text_tokens)
+            tag, bound = structural_tag(tools, self.max_text_tokens, self.call_open_id, self.call_close_id)
             if bound >= self.max_tokens:
                 raise ValueError(
                     f"runtime.max_generation_tokens ({self.max_tokens}) must exceed the grammar's hard "
                     f"bound ({bound} tokens for tools {sorted(tools)}); raise it or lower "
-                    "runtime.max_text_tokens / runtime.max_code_chars"
+                    "runtime.max_text_tokens / runtime.max_code_run / runtime.max_code_escapes"
                 )
             grammar = self.compiler.compile_structural_tag(tag)
             self._cache[key] = CompiledCall(tuple(sorted(tools)), grammar, bound)

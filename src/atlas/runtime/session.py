@@ -14,9 +14,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atlas.config import RuntimeConfig
 from atlas.model.tiny import CALL_CLOSE, CALL_OPEN
-from atlas.runtime.engine import HFEngine
+from atlas.runtime.engine import HFEngine, LogitBias
 from atlas.runtime.grammar import CallGrammars
 
+STEER_LOGIT = 1e4  # added to a scripted token's logit: sampled with probability ~1 when legal
 _PROBE_CALL, _PROBE_OUTPUT = "\u2063CALL\u2063", "\u2063OUTPUT\u2063"
 
 
@@ -51,6 +52,24 @@ class Runtime:
     def tool_response_ids(self, output: str) -> list[int]:
         body = self.tokenizer.encode(self.sanitize(output), add_special_tokens=False)
         return self.response_head + body + self.response_tail
+
+    def steer(self, text: str) -> LogitBias:
+        """A bias toward generating `text` token by token, while the generation still follows it.
+
+        Scripted cases use it; the grammar mask is applied after the bias, so a steered token the
+        grammar forbids is simply not sampled and the generation goes its own (legal) way."""
+        target = self.tokenizer.encode(text, add_special_tokens=False)
+        vocab = self.engine.vocab_size
+
+        def bias(generated: list[int]) -> torch.Tensor | None:
+            k = len(generated)
+            if k >= len(target) or generated != target[:k]:
+                return None
+            b = torch.zeros(vocab)
+            b[target[k]] = STEER_LOGIT
+            return b
+
+        return bias
 
     def tool_response_bound(self, output_chars: int) -> int:
         # A character is at most 4 UTF-8 bytes, and a byte-level BPE token holds at least one byte.
@@ -90,7 +109,14 @@ def load_runtime(
         tokenizer, vocab, sorted(stop_ids), cfg.max_text_tokens, cfg.max_generation_tokens
     )
     engine = HFEngine(
-        model, vocab, stop_ids, tokenizer.pad_token_id, cfg.temperature, cfg.top_p, constrained=constrained
+        model,
+        vocab,
+        stop_ids,
+        tokenizer.pad_token_id,
+        cfg.temperature,
+        cfg.top_p,
+        constrained=constrained,
+        banned_token_ids=sorted(grammars.banned_token_ids),
     )
     head, tail = _response_wrapper(tokenizer)
     return Runtime(

@@ -1,0 +1,297 @@
+"""LiveCodeBench grader: run a program on a problem's tests in the sandbox, with lcb_runner's rules.
+
+- stdin tests: the program reads the test input on stdin; its stdout must equal the expected
+  output line by line, after stripping each line and the whole text. Lines that differ as text
+  still match when every token of both parses as a Decimal and the Decimal lists are equal.
+- functional tests: the program defines `class Solution` with method `func_name`; each line of the
+  test input is one JSON argument; the return value must equal the JSON-decoded expected output.
+  The value travels back as JSON, so tuples compare as lists (at any depth).
+
+Like lcb_runner, the program is run after lcb_runner's import prefix (`from typing import *`,
+`import collections, math, heapq, ...`, a recursion limit of 50000), each test in a fresh child,
+tests in order, stopping at the first failure. Bounds: `test_timeout_s` per test, and
+`program_timeout_s` for all tests of the program together; a test the shrinking budget cuts short
+counts as a program timeout, and tests it leaves no time for are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from atlas.config import GraderConfig
+from atlas.data.schema import TestCase
+from atlas.graders.sandbox import RunResult, SandboxLimits, run_program
+
+SOLUTION_FILE = "solution.py"
+DETAIL_CHARS = 240  # longest TestOutcome.detail
+EXCERPT_CHARS = 60  # longest expected / got excerpt inside a detail
+RESULT_MARK = "@@atlas-result@@ "  # starts the driver's last stdout line, which holds the JSON result
+
+# lcb_runner's `import_string` (lcb_runner/evaluation/testing_util.py), run before the program.
+IMPORTS = (
+    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
+    "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\n"
+    "from random import *\nfrom statistics import *\nfrom itertools import *\nfrom functools import *\n"
+    "from operator import *\nfrom io import *\nfrom sys import *\nfrom json import *\n"
+    "from builtins import *\nfrom typing import *\nimport string\nimport re\nimport datetime\n"
+    "import collections\nimport heapq\nimport bisect\nimport copy\nimport math\nimport random\n"
+    "import statistics\nimport itertools\nimport functools\nimport operator\nimport io\nimport sys\n"
+    "import json\nsys.setrecursionlimit(50000)\n"
+)
+
+# The driver programs. The prefix and the program are compiled apart, so tracebacks give the
+# program's own line numbers in solution.py.
+STDIN_DRIVER = f"""\
+_namespace = {{"__name__": "__main__"}}
+exec({IMPORTS!r}, _namespace)
+with open({SOLUTION_FILE!r}, encoding="utf-8") as _f:
+    _code = compile(_f.read(), {SOLUTION_FILE!r}, "exec")
+exec(_code, _namespace)
+"""
+
+# argv[1] is the method name; stdin holds one JSON argument per line, read before the program runs.
+FUNCTIONAL_DRIVER = f"""\
+import json, sys
+_args = [json.loads(line) for line in sys.stdin.read().split("\\n") if line.strip()]
+_namespace = {{"__name__": "solution"}}
+exec({IMPORTS!r}, _namespace)
+with open({SOLUTION_FILE!r}, encoding="utf-8") as _f:
+    _code = compile(_f.read(), {SOLUTION_FILE!r}, "exec")
+exec(_code, _namespace)
+if "Solution" not in _namespace:
+    sys.exit("the program defines no class Solution")
+_method = getattr(_namespace["Solution"](), sys.argv[1], None)
+if not callable(_method):
+    sys.exit(f"class Solution has no method {{sys.argv[1]}}")
+_result = _method(*_args)
+try:
+    _payload = json.dumps(_result)
+except (TypeError, ValueError) as _err:
+    sys.exit(f"the return value ({{type(_result).__name__}}) is not JSON-serialisable: {{_err}}")
+sys.stdout.flush()
+sys.stdout.write("\\n" + {RESULT_MARK!r} + _payload + "\\n")
+"""
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test of one program."""
+
+    __test__ = False  # not a pytest class
+
+    status: str  # "passed" | "wrong_answer" | "timeout" | "error" | "skipped"
+    wall_s: float
+    detail: str  # short: what differed, the end of stderr, or why it was skipped
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """All tests of one program. `status` is that of the first test that did not pass."""
+
+    passed: int
+    total: int
+    tests: list[TestOutcome]
+    status: str  # "passed" | "failed" (wrong answer) | "timeout" | "error" | "program_timeout"
+    wall_s: float
+    sandboxed: bool  # every test ran without network (see sandbox.py)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _stripped_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.strip().split("\n")]
+
+
+def _decimals(line: str) -> list[Decimal] | None:
+    try:
+        return [Decimal(token) for token in line.split()]
+    except InvalidOperation:
+        return None
+
+
+def _same_line(got: str, expected: str) -> bool:
+    if got == expected:
+        return True
+    got_numbers, expected_numbers = _decimals(got), _decimals(expected)
+    if got_numbers is None or expected_numbers is None:
+        return False
+    try:
+        return got_numbers == expected_numbers
+    except InvalidOperation:  # a signalling NaN refuses comparison: not equal
+        return False
+
+
+def compare_stdout(got: str, expected: str) -> str | None:
+    """None when `got` matches `expected` under lcb_runner's stdin rules, else what differs."""
+    got_lines, expected_lines = _stripped_lines(got), _stripped_lines(expected)
+    if len(got_lines) != len(expected_lines):
+        return (
+            f"expected {len(expected_lines)} lines, got {len(got_lines)}: "
+            f"expected {_clip(expected.strip(), EXCERPT_CHARS)!r} got {_clip(got.strip(), EXCERPT_CHARS)!r}"
+        )
+    for n, (g, e) in enumerate(zip(got_lines, expected_lines, strict=True), start=1):
+        if not _same_line(g, e):
+            where = f"line {n}: " if len(expected_lines) > 1 else ""
+            return f"{where}expected {_clip(e, EXCERPT_CHARS)!r} got {_clip(g, EXCERPT_CHARS)!r}"
+    return None
+
+
+def compare_functional(stdout: str, expected: str) -> str | None:
+    """None when the driver's result line equals the JSON `expected` value, else what differs."""
+    results = [line for line in stdout.split("\n") if line.startswith(RESULT_MARK)]
+    if not results:
+        return "no return value (the program exited before the method returned)"
+    payload = results[-1][len(RESULT_MARK) :]
+    try:
+        got = json.loads(payload)
+    except json.JSONDecodeError:  # the program printed a line that mimics the driver's, after it
+        return f"unreadable return value {_clip(payload, EXCERPT_CHARS)!r}"
+    if got == json.loads(expected):
+        return None
+    return f"expected {_clip(expected.strip(), EXCERPT_CHARS)!r} got {_clip(payload, EXCERPT_CHARS)!r}"
+
+
+def _failure_detail(run: RunResult) -> str:
+    """The end of stderr (where a traceback names the exception), or the signal that killed it."""
+    if run.returncode is not None and run.returncode < 0:
+        try:
+            name = signal.Signals(-run.returncode).name
+        except ValueError:  # a real-time signal has no name
+            name = f"signal {-run.returncode}"
+        head = f"killed by {name} (CPU-time or memory limit)" if name == "SIGKILL" else f"killed by {name}"
+    else:
+        head = f"exit status {run.returncode}"
+    # The last lines that say something (not a traceback's ^~~~ markers), without indentation.
+    tail = [line.strip() for line in run.stderr.split("\n") if line.strip().strip("^~ ")][-3:]
+    if not tail:
+        return head
+    room = DETAIL_CHARS - len(head) - 2
+    tail_text = "; ".join(tail)
+    if len(tail_text) > room:  # keep the end, where the exception is named
+        tail_text = "..." + tail_text[len(tail_text) - room + 3 :]
+    return f"{head}; {tail_text}"
+
+
+def _run_test(code: str, test: TestCase, func_name: str | None, limits: SandboxLimits) -> RunResult:
+    # Room for any correct output, however small max_output_bytes is: a correct answer is never cut.
+    room = 2 * len(test.output.encode("utf-8")) + 4096
+    limits = dataclasses.replace(limits, max_output_bytes=max(limits.max_output_bytes, room))
+    if test.testtype == "functional":
+        return run_program(
+            FUNCTIONAL_DRIVER, test.input, limits=limits, argv_extra=[func_name], files={SOLUTION_FILE: code}
+        )
+    return run_program(STDIN_DRIVER, test.input, limits=limits, files={SOLUTION_FILE: code})
+
+
+def _outcome(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
+    if run.status == "timeout":
+        return TestOutcome("timeout", run.wall_s, f"no exit within {timeout_s:.3g} s")
+    if run.status == "error":
+        return TestOutcome("error", run.wall_s, _failure_detail(run))
+    if run.stdout_truncated:
+        return TestOutcome("wrong_answer", run.wall_s, f"output longer than {len(run.stdout)} bytes")
+    if test.testtype == "functional":
+        difference = compare_functional(run.stdout, test.output)
+    else:
+        difference = compare_stdout(run.stdout, test.output)
+    if difference is None:
+        return TestOutcome("passed", run.wall_s, "")
+    return TestOutcome("wrong_answer", run.wall_s, _clip(difference, DETAIL_CHARS))
+
+
+# A test outcome -> the program status it gives when it is the first test that did not pass.
+VERDICT_OF = {"passed": "passed", "wrong_answer": "failed", "timeout": "timeout", "error": "error"}
+
+
+def grade_code(
+    code: str,
+    tests: Sequence[TestCase],
+    *,
+    func_name: str | None,
+    cfg: GraderConfig,
+    stop_at_first_failure: bool = True,
+) -> Verdict:
+    """Run `code` on `tests` in order, one sandboxed child per test, and judge each."""
+    if not tests:
+        raise ValueError("grade_code needs at least one test")
+    test_types = {t.testtype for t in tests}
+    if len(test_types) != 1 or not test_types <= {"stdin", "functional"}:
+        raise ValueError(f"tests of types {sorted(test_types)}: expected all stdin or all functional")
+    if "functional" in test_types and not func_name:
+        raise ValueError("functional tests need func_name (the Solution method to call)")
+
+    start = time.monotonic()
+    budget_note = f"the program's {cfg.program_timeout_s:g} s budget ran out"
+    outcomes: list[TestOutcome] = []
+    verdict_of_test: list[str] = []  # what each test means for the whole program
+    skip: tuple[str, str] | None = None  # once set: (what a skipped test means, why it is skipped)
+    sandboxed = True
+    for test in tests:
+        remaining = cfg.program_timeout_s - (time.monotonic() - start)
+        if skip is None and remaining <= 0:
+            skip = ("program_timeout", f"not run: {budget_note}")
+        if skip is not None:
+            outcomes.append(TestOutcome("skipped", 0.0, skip[1]))
+            verdict_of_test.append(skip[0])
+            continue
+        timeout = min(cfg.test_timeout_s, remaining)
+        run = _run_test(code, test, func_name, SandboxLimits.from_config(cfg, timeout_s=timeout))
+        sandboxed = sandboxed and run.sandboxed
+        outcome = _outcome(run, test, timeout)
+        if outcome.status == "timeout" and timeout < cfg.test_timeout_s:
+            # Cut short by the program's budget, not by its own bound.
+            outcome = dataclasses.replace(outcome, detail=f"cut at {timeout:.2f} s: {budget_note}")
+            verdict_of_test.append("program_timeout")
+            skip = ("program_timeout", f"not run: {budget_note}")
+        else:
+            verdict_of_test.append(VERDICT_OF[outcome.status])
+            if outcome.status != "passed" and stop_at_first_failure:
+                skip = ("skipped", "not run: an earlier test failed")
+        outcomes.append(outcome)
+
+    passed = sum(o.status == "passed" for o in outcomes)
+    status = next((v for v in verdict_of_test if v != "passed"), "passed")
+    return Verdict(
+        passed=passed,
+        total=len(tests),
+        tests=outcomes,
+        status=status,
+        wall_s=time.monotonic() - start,
+        sandboxed=sandboxed,
+    )
+
+
+def grade_many(
+    jobs: Sequence[tuple[str, Sequence[TestCase], str | None]], *, cfg: GraderConfig
+) -> list[Verdict]:
+    """Grade (code, tests, func_name) jobs, `cfg.workers` at a time; verdicts in input order."""
+    with ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="lcb-grader") as pool:
+        futures = [
+            pool.submit(grade_code, code, tests, func_name=name, cfg=cfg) for code, tests, name in jobs
+        ]
+        return [f.result() for f in futures]
+
+
+LABELS = {"wrong_answer": "wrong answer", "timeout": "timeout", "error": "error", "skipped": "skipped"}
+
+
+def summarize(verdict: Verdict, max_chars: int) -> str:
+    """What the policy is shown: the count, then the first test that did not pass and why."""
+    text = f"{verdict.passed}/{verdict.total} tests passed"
+    for n, outcome in enumerate(verdict.tests, start=1):
+        if outcome.status != "passed":
+            text += f"; test {n}: {LABELS[outcome.status]}: {outcome.detail}"
+            break
+    return _clip(text, max_chars)
