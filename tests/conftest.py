@@ -118,3 +118,38 @@ def fixture_copy(tmp_path: Path):
         return dest
 
     return copy
+
+
+def _build_model(out: Path, **tiny_overrides) -> Path:
+    from atlas.config import config_slice, load_config
+
+    s = config_slice(load_config(REPO / "config" / "config.yaml"), "model")
+    s["model"]["tiny"].update(tiny_overrides)
+    subprocess.run(
+        [sys.executable, "-m", "atlas.model.build", "--config-slice", json.dumps(s), "--out", str(out)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The embedded default's model, built once per test session."""
+    return _build_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """results/data/ of the embedded default, prepared once per test session."""
+    from atlas.config import config_slice, load_config
+    from atlas.data import prepare
+
+    out = tmp_path_factory.mktemp("data")
+    s = config_slice(load_config(REPO / "config" / "config.yaml"), "data")
+    for source in ("gpqa", "lcb"):
+        for split in ("train", "val"):
+            s["data"][source][split] = str(REPO / s["data"][source][split])
+    prepare.main(["--config-slice", json.dumps(s), "--out", str(out)])
+    return out

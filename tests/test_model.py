@@ -1,36 +1,21 @@
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from atlas.config import config_slice, load_config
 from atlas.hashing import tree_files, verify
-from conftest import REPO
-
-
-def build(out, **tiny_overrides):
-    s = config_slice(load_config(REPO / "config" / "config.yaml"), "model")
-    s["model"]["tiny"].update(tiny_overrides)
-    subprocess.run(
-        [sys.executable, "-m", "atlas.model.build", "--config-slice", json.dumps(s), "--out", str(out)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
-    return out
+from conftest import _build_model
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build(tmp_path_factory.mktemp("m") / "tiny")
+def model_dir(tiny_model):
+    return tiny_model
 
 
 def test_two_builds_give_identical_bytes(model_dir, tmp_path):
-    other = build(tmp_path / "tiny")
+    other = _build_model(tmp_path / "tiny")
     names = tree_files(model_dir)
     assert names == tree_files(other)
     assert {"config.json", "model.safetensors", "tokenizer.json", "MANIFEST.json", "build_info.json"} <= set(
@@ -39,7 +24,7 @@ def test_two_builds_give_identical_bytes(model_dir, tmp_path):
     for name in names:
         assert (model_dir / name).read_bytes() == (other / name).read_bytes(), name
     # A different seed gives different weights (the test can fail).
-    third = build(tmp_path / "seed1", seed=1)
+    third = _build_model(tmp_path / "seed1", seed=1)
     assert (third / "model.safetensors").read_bytes() != (model_dir / "model.safetensors").read_bytes()
 
 

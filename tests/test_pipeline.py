@@ -1,5 +1,6 @@
 """The workflow itself: the DAG through the Snakemake API, a real run, and what reruns after an edit."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -64,6 +65,23 @@ def test_run_then_nothing_then_exactly_the_edited_stage(tmp_path):
     # Shared code reruns both.
     run_snakemake(wf, "--cores", "2", *TARGETS)
     assert jobs_to_run(wf, TARGETS) == set()
+
+    # The runtime stages on the embedded default: 0 violations, every episode and case passes.
+    rollouts = ["results/runs/smoke", "results/runs/boundary"]
+    run_snakemake(wf, "--cores", "2", *rollouts)
+    protocol = json.loads((wf / "results/runs/smoke/protocol.json").read_text())
+    assert protocol["violations"] == 0 and protocol["episodes"] == protocol["completed"] == 8
+    assert protocol["records"] == protocol["generations"] == protocol["calls"] >= 8
+    boundary = json.loads((wf / "results/runs/boundary/boundary.json").read_text())
+    assert boundary["passed"] == boundary["cases"] == 12 and boundary["protocol_violations"] == 0
+    assert verify(wf / "results/runs/smoke", check_sources=False) == []
+
+    # A grader edit reruns the rollout stages and nothing upstream of them.
+    grader = wf / "src" / "atlas" / "graders" / "lcb.py"
+    grader.write_text(grader.read_text() + "\n# a grader fix\n")
+    assert jobs_to_run(wf, [*TARGETS, *rollouts]) == {"smoke", "boundary"}
+    grader.write_text(grader.read_text().removesuffix("\n# a grader fix\n"))
+    assert jobs_to_run(wf, [*TARGETS, *rollouts]) == set()
 
     # A config key reruns only the stage whose slice holds it.
     cfg = yaml.safe_load((wf / "config" / "config.yaml").read_text())

@@ -356,11 +356,13 @@ def run_program(
         status, returncode = "timeout", None
     else:
         status = "ok" if returncode == 0 else "error"
+    # The scratch path is random; a traceback naming it would make tool outputs, and so the
+    # trajectories that contain them, differ between identical runs. Programs see it as ".".
     return RunResult(
         status=status,
         returncode=returncode,
-        stdout=out.text(),
-        stderr=err.text(),
+        stdout=out.text().replace(scratch, "."),
+        stderr=err.text().replace(scratch, "."),
         stdout_truncated=out.truncated,
         stderr_truncated=err.truncated,
         wall_s=wall_s,
