@@ -160,7 +160,7 @@ class RuntimeConfig(_Strict):
     max_code_escapes: int = Field(
         default=8,
         ge=0,
-        description="`code` arguments: most escape sequences (\\n, \\t, \\\", \\\\, \\/, \\uXXXX). A code "
+        description='`code` arguments: most escape sequences (\\n, \\t, \\", \\\\, \\/, \\uXXXX). A code '
         "string holds at most max_code_run + max_code_escapes * (max_code_run + 1) characters.",
     )
     max_generation_tokens: int = Field(
