@@ -28,7 +28,7 @@ from typing import Any
 
 from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
-from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes
+from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes, start_episode
 from atlas.runtime.grammar import UTF8_SLACK_TOKENS
 from atlas.runtime.inputs import read_questions, read_tests
 from atlas.runtime.protocol import ProtocolReport, check_episodes
@@ -241,8 +241,6 @@ def build_cases(
 
 def longest_prompt_cases(questions, tests, rt: Runtime, runtime: RuntimeConfig, spec) -> list[Case]:
     """The longest validation prompt, and one padded until only a submit fits in the budget."""
-    from atlas.runtime.episode import start_episode
-
     code = CodeBounds(runtime.max_code_run, runtime.max_code_escapes)
     lengths = [(start_episode(rt, spec(q, None), code).prompt_tokens, i) for i, q in enumerate(questions)]
     longest = questions[max(lengths)[1]]

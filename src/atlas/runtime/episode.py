@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,24 @@ class Episode:
     def done(self) -> bool:
         return self.end_reason is not None
 
+    def add_generation(
+        self, gen, offered: dict[str, Tool], token_bound: int, stop_ids: frozenset[int]
+    ) -> None:
+        """Append a generation's tokens: all loss-mask 1; sampled and log-probs as generated."""
+        start = len(self.token_ids)
+        self.token_ids += gen.token_ids
+        self.loss_mask += [1] * len(gen.token_ids)
+        self.sampled += gen.sampled
+        self.logprobs += gen.logprobs
+        self.generations.append(GenerationSpan(start, len(self.token_ids), offered, token_bound, stop_ids))
+
+    def add_tool_response(self, ids: list[int]) -> None:
+        """Append tool output tokens: loss-mask 0, never sampled."""
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.sampled += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
 
 def episode_seed(seed: int, run: str, step: int, uid: str, sample: int, turn: int) -> int:
     key = f"{seed}:{run}:{step}:{uid}:{sample}:{turn}".encode()
@@ -142,7 +161,10 @@ def run_episodes(
     step: int,
     phase: str,
     seed: int,
+    progress: Callable[[str], None] | None = None,
 ) -> list[Episode]:
+    """Run every episode to its end, one turn of all live episodes at a time. `progress` gets
+    one line per turn."""
     code = CodeBounds(cfg.max_code_run, cfg.max_code_escapes)
     episodes = [start_episode(rt, s, code) for s in specs]
     pool = ThreadPoolExecutor(max_workers=graders.workers)
@@ -176,12 +198,7 @@ def run_episodes(
 
             calls = []
             for (ep, offered, bound), gen in zip(batch, gens, strict=True):
-                start = len(ep.token_ids)
-                ep.token_ids += gen.token_ids
-                ep.loss_mask += [1] * len(gen.token_ids)
-                ep.sampled += gen.sampled
-                ep.logprobs += gen.logprobs
-                ep.generations.append(GenerationSpan(start, len(ep.token_ids), offered, bound, rt.stop_ids))
+                ep.add_generation(gen, offered, bound, rt.stop_ids)
                 calls.append(parse_call(gen.token_ids, rt.decode, rt.call_open_id, rt.call_close_id))
 
             def run_tool(item, call):
@@ -197,7 +214,11 @@ def run_episodes(
                 batch, gens, calls, results, strict=True
             ):
                 record_turn(ep, rt, gen, parsed, result, cfg, run=run, step=step, phase=phase, turn=turn)
+                # Generation time is the batch's, shared evenly; tool time is the call's own.
                 ep.records[-1].timing_s_generate, ep.records[-1].timing_s_tool = gen_s, tool_s
+            if progress is not None:
+                done = sum(ep.done for ep in episodes)
+                progress(f"turn {turn}: {len(batch)} generations, {done}/{len(episodes)} episodes done")
     finally:
         pool.shutdown(wait=True)
     for ep in episodes:
@@ -239,8 +260,4 @@ def record_turn(
     if result.ends_episode:
         ep.end_reason, ep.score = "submit", result.score
         return
-    response = rt.tool_response_ids(excerpt)
-    ep.token_ids += response
-    ep.loss_mask += [0] * len(response)
-    ep.sampled += [0] * len(response)
-    ep.logprobs += [0.0] * len(response)
+    ep.add_tool_response(rt.tool_response_ids(excerpt))

@@ -35,6 +35,7 @@ from xgrammar.structural_tag import (
     TokenFormat,
 )
 
+from atlas.config import ConfigError
 from atlas.model.tiny import CALL_CLOSE, CALL_OPEN
 from atlas.runtime.tools import Tool
 
@@ -170,7 +171,7 @@ class CallGrammars:
         if key not in self._cache:
             tag, bound = structural_tag(tools, self.max_text_tokens, self.call_open_id, self.call_close_id)
             if bound >= self.max_tokens:
-                raise ValueError(
+                raise ConfigError(
                     f"runtime.max_generation_tokens ({self.max_tokens}) must exceed the grammar's hard "
                     f"bound ({bound} tokens for tools {sorted(tools)}); raise it or lower "
                     "runtime.max_text_tokens / runtime.max_code_run / runtime.max_code_escapes"

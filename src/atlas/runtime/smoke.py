@@ -45,7 +45,17 @@ def main(argv: list[str] | None = None) -> None:
     ]
     rt = load_runtime(args.model, runtime, resources.device)
     log(RUN, "rolling out", episodes=len(specs), questions=len(questions))
-    episodes = run_episodes(rt, specs, runtime, graders, run=RUN, step=0, phase="val", seed=s["seed"])
+    episodes = run_episodes(
+        rt,
+        specs,
+        runtime,
+        graders,
+        run=RUN,
+        step=0,
+        phase="val",
+        seed=s["seed"],
+        progress=lambda m: log(RUN, m),
+    )
     report = check_episodes(episodes, rt.decode, rt.call_open_id, rt.call_close_id)
     counts = {k: getattr(report, k) for k in PINNED_COUNTS}
     log(RUN, "protocol", **counts)
