@@ -23,19 +23,18 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes, start_episode
 from atlas.runtime.grammar import UTF8_SLACK_TOKENS
-from atlas.runtime.inputs import read_questions, read_tests
+from atlas.runtime.inputs import read_questions, read_tests, rollout_parser
 from atlas.runtime.protocol import ProtocolReport, check_episodes
 from atlas.runtime.runfolder import write_rollouts
 from atlas.runtime.session import Runtime, load_runtime
 from atlas.runtime.tools import CodeBounds
-from atlas.stage import code_files, log, run, stage_parser
+from atlas.stage import code_files, log, run
 
 RUN = "boundary"
 MODULE = "atlas.runtime.boundary"
@@ -286,11 +285,7 @@ def longest_prompt_cases(questions, tests, rt: Runtime, runtime: RuntimeConfig, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = stage_parser(__doc__.splitlines()[0])
-    parser.add_argument("--val", required=True, type=Path)
-    parser.add_argument("--tests", required=True, type=Path)
-    parser.add_argument("--model", required=True, type=Path)
-    args = parser.parse_args(argv)
+    args = rollout_parser(__doc__.splitlines()[0]).parse_args(argv)
     s = args.config_slice
     runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
     resources = ResourcesConfig.model_validate(s["resources"])

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 from collections import defaultdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from atlas.data.schema import TestCase
+from atlas.stage import stage_parser
+
+
+def rollout_parser(description: str) -> argparse.ArgumentParser:
+    """A rollout stage's command line: the config slice and output, the data and the model."""
+    parser = stage_parser(description)
+    parser.add_argument("--val", required=True, type=Path, help="results/data/val.parquet")
+    parser.add_argument("--tests", required=True, type=Path, help="results/data/tests.parquet")
+    parser.add_argument("--model", required=True, type=Path, help="the base model folder")
+    return parser
 
 
 def read_questions(path: str | Path) -> list[dict]:

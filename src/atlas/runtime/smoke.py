@@ -13,27 +13,22 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig, SmokeConfig
 from atlas.hashing import atomic_dir, write_manifest
 from atlas.runtime.episode import EpisodeSpec, run_episodes
-from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
+from atlas.runtime.inputs import read_questions, read_tests, rollout_parser, smoke_slice
 from atlas.runtime.protocol import PINNED_COUNTS, check_episodes
 from atlas.runtime.runfolder import write_rollouts
 from atlas.runtime.session import load_runtime
-from atlas.stage import code_files, log, run, stage_parser
+from atlas.stage import code_files, log, run
 
 RUN = "smoke"
 MODULE = "atlas.runtime.smoke"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = stage_parser(__doc__.splitlines()[0])
-    parser.add_argument("--val", required=True, type=Path)
-    parser.add_argument("--tests", required=True, type=Path)
-    parser.add_argument("--model", required=True, type=Path)
-    args = parser.parse_args(argv)
+    args = rollout_parser(__doc__.splitlines()[0]).parse_args(argv)
     s = args.config_slice
     runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
     smoke, resources = SmokeConfig.model_validate(s["smoke"]), ResourcesConfig.model_validate(s["resources"])
