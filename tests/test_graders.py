@@ -539,3 +539,43 @@ def test_without_namespaces_runs_are_recorded_unsandboxed(scratch_root, monkeypa
     strict = SandboxLimits.from_config(GraderConfig(require_network_isolation=True))
     with pytest.raises(SandboxUnavailable, match="require_network_isolation is true"):
         run_program("print(1)", limits=strict)
+
+
+ADVERSARIAL = {
+    "sleeps": ("import time\ntime.sleep(30)", {"timeout"}),
+    "loops": ("while True:\n    pass", {"timeout"}),
+    "crashes": ("raise SystemExit(3)", {"error"}),
+    "forks": ("import os, time\nfor _ in range(8):\n    os.fork()\ntime.sleep(30)", {"timeout"}),
+    "floods_output": ("while True:\n    print('y' * 4096)", {"timeout", "failed"}),
+    "eats_memory": ("x = bytearray(16 * 1024 ** 3)", {"error"}),
+    "opens_a_socket": ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)", {"error"}),
+    "writes_outside": (
+        "open('/tmp/atlas-cli-outside.txt', 'w').write('x' * 10)\nprint(0)",
+        {"failed", "passed"},
+    ),
+}
+
+
+def sandboxed_processes() -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"atlas-sandbox-" in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_cli_verdict_for_every_adversarial_program_within_bound_plus_1s(tmp_path, name):
+    code, statuses = ADVERSARIAL[name]
+    graders = {"test_timeout_s": 1.0, "program_timeout_s": 2.0}
+    proc, elapsed = run_cli(tmp_path, fixture_row("abc300_a"), code, graders=graders)
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout)
+    assert verdict["status"] in statuses, verdict
+    assert verdict["wall_s"] <= graders["program_timeout_s"] + 1
+    assert sandboxed_processes() == []
+    Path("/tmp/atlas-cli-outside.txt").unlink(missing_ok=True)  # not blocked, only capped: see above
