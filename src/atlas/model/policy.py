@@ -1,0 +1,94 @@
+"""Actor and critic on one base model: two peft LoRA adapters and a trainable value head.
+
+    actor      base + "actor" adapter          -> next-token logits (the policy)
+    critic     base + "critic" adapter + head  -> one value per position
+    reference  base with adapters disabled     -> the KL reference; no third copy of the weights
+
+Base weights are frozen and stay bit-identical. Switching the active adapter also switches which
+LoRA tensors require grad (peft's set_adapter), so an actor loss can only move actor tensors and
+a critic loss only critic tensors and the head. The critic adapter is an ordinary CAUSAL_LM LoRA
+on the same layers; its value comes from the last hidden state through `value_head`, which peft
+does not know about, so it is saved explicitly with the compact checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from peft import LoraConfig, get_peft_model
+from torch import nn
+
+from atlas.config import TrainingConfig
+
+ROLES = ("actor", "critic")
+
+
+def lora_config(training: TrainingConfig) -> LoraConfig:
+    return LoraConfig(
+        r=training.lora_rank,
+        lora_alpha=training.lora_alpha,
+        target_modules=training.lora_targets,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, base: nn.Module, training: TrainingConfig, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)  # LoRA A matrices and the head are random: fix them
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.peft = get_peft_model(base, lora_config(training), adapter_name="actor")
+        self.peft.add_adapter("critic", lora_config(training))
+        hidden = base.config.hidden_size
+        self.value_head = nn.Linear(hidden, 1, dtype=torch.float32)
+        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden + 1) ** 0.5)
+        nn.init.zeros_(self.value_head.bias)
+        self.peft.set_adapter("actor")
+
+    def _use(self, role: str) -> None:
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}; expected one of {ROLES}")
+        self.peft.set_adapter(role)
+
+    def actor_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        self._use("actor")
+        return self.peft(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """V(s_t) for every position t: the value of the state after reading token t."""
+        self._use("critic")
+        out = self.peft(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return self.value_head(out.hidden_states[-1].float()).squeeze(-1)
+
+    def reference_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        with self.peft.disable_adapter():
+            return self.peft(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def trainable(self, role: str) -> dict[str, nn.Parameter]:
+        """The tensors an optimizer of `role` updates (compact checkpoints hold exactly these)."""
+        self._use(role)
+        out = {n: p for n, p in self.peft.named_parameters() if f".{role}." in n and "lora_" in n}
+        if role == "critic":
+            out.update({f"value_head.{n}": p for n, p in self.value_head.named_parameters()})
+        return out
+
+    def base_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return ((n, p) for n, p in self.peft.named_parameters() if "lora_" not in n)
+
+    @contextlib.contextmanager
+    def role(self, role: str):
+        """Run a block with `role`'s adapter active, restoring the actor afterwards."""
+        self._use(role)
+        try:
+            yield self
+        finally:
+            self._use("actor")
