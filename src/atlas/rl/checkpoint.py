@@ -1,0 +1,138 @@
+"""Compact checkpoints: only what training changes, so a 27B run saves megabytes, not the model.
+
+    <root>/step_<k>/
+        actor.safetensors       actor LoRA tensors, by parameter name
+        critic.safetensors      critic LoRA tensors and the value head
+        optim_actor.safetensors AdamW moments and step counts of the actor, by parameter name
+        optim_critic.safetensors
+        rng.safetensors         torch's CPU generator state (and CUDA's, when used)
+        state.json              step, optimizer param groups, scheduler states, python RNG state,
+                                the schedule position and anything else the trainer passes
+        MANIFEST.json
+
+A checkpoint folder appears whole or not at all (written beside, then renamed), so the latest
+`step_*` folder with a MANIFEST.json is always complete: `resume_mode: auto` continues from it.
+Checkpoints live outside the training job's declared outputs (results/checkpoints/<run>/), so a
+rerun of an interrupted job finds them instead of Snakemake deleting them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from atlas.hashing import MANIFEST, atomic_dir, write_manifest
+from atlas.model.policy import ROLES, ActorCritic
+
+STATE = "state.json"
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer, names: list[str]) -> tuple[dict[str, torch.Tensor], list]:
+    """Optimizer state keyed by parameter name (not by position), and its param groups."""
+    sd = opt.state_dict()
+    tensors = {}
+    for index, state in sd["state"].items():
+        for key, value in state.items():
+            tensors[f"{names[index]}::{key}"] = torch.as_tensor(value).detach().clone().contiguous()
+    return tensors, sd["param_groups"]
+
+
+def _load_optimizer(
+    opt: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor], groups: list
+) -> None:
+    index = {n: i for i, n in enumerate(names)}
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        name, _, field = key.rpartition("::")
+        state.setdefault(index[name], {})[field] = value
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+def save_compact(
+    root: str | Path,
+    step: int,
+    model: ActorCritic,
+    optimizers: dict[str, torch.optim.Optimizer],
+    schedulers: dict[str, Any],
+    extra: dict[str, Any],
+) -> Path:
+    """Write step_<step> under root atomically; `extra` must be plain JSON (schedule position...)."""
+    out = Path(root) / f"step_{step}"
+    state: dict[str, Any] = {"step": step, "extra": extra, "param_groups": {}, "schedulers": {}}
+    with atomic_dir(out) as tmp:
+        for role in ROLES:
+            params = model.trainable(role)
+            names = sorted(params)
+            save_file({n: params[n].detach().contiguous() for n in names}, str(tmp / f"{role}.safetensors"))
+            tensors, groups = _optimizer_tensors(optimizers[role], names)
+            save_file(tensors, str(tmp / f"optim_{role}.safetensors"))
+            state["param_groups"][role] = groups
+            state["schedulers"][role] = schedulers[role].state_dict() if role in schedulers else None
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        save_file(rng, str(tmp / "rng.safetensors"))
+        version, internal, gauss = random.getstate()
+        state["python_random"] = [version, list(internal), gauss]
+        (tmp / STATE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        write_manifest(tmp, stage="compact_checkpoint", config={"step": step})
+    return out
+
+
+def load_compact(
+    path: str | Path,
+    model: ActorCritic,
+    optimizers: dict[str, torch.optim.Optimizer],
+    schedulers: dict[str, Any],
+) -> dict[str, Any]:
+    """Restore tensors, optimizer and scheduler states and RNGs; return the saved state.json."""
+    path = Path(path)
+    state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    for role in ROLES:
+        params = model.trainable(role)
+        saved = load_file(str(path / f"{role}.safetensors"))
+        if set(saved) != set(params):
+            missing, extra = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
+            raise ValueError(
+                f"{path / f'{role}.safetensors'}: tensors missing {missing[:3]}, unexpected {extra[:3]}"
+            )
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(saved[name])
+        _load_optimizer(
+            optimizers[role],
+            sorted(params),
+            load_file(str(path / f"optim_{role}.safetensors")),
+            state["param_groups"][role],
+        )
+        if state["schedulers"][role] is not None:
+            schedulers[role].load_state_dict(state["schedulers"][role])
+    rng = load_file(str(path / "rng.safetensors"))
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    version, internal, gauss = state["python_random"]
+    random.setstate((version, tuple(internal), gauss))
+    return state
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The highest complete step_<k> under root (one with a MANIFEST.json), or None."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    steps = [p for p in root.glob("step_*") if p.name[5:].isdigit() and (p / MANIFEST).is_file()]
+    return max(steps, key=lambda p: int(p.name[5:]), default=None)
+
+
+def export_adapters(model: ActorCritic, out: str | Path) -> None:
+    """PEFT folders `PeftModel.from_pretrained` loads (actor/, critic/) and the value head."""
+    out = Path(out)
+    model.peft.save_pretrained(out, selected_adapters=list(ROLES))
+    head = {f"value_head.{n}": p.detach().contiguous() for n, p in model.value_head.named_parameters()}
+    save_file(head, str(out / "critic" / "value_head.safetensors"))
