@@ -85,8 +85,9 @@ class HFEngine:
         self.ban[list(banned_token_ids)] = float("-inf")
         self.batch_matcher = xgr.BatchGrammarMatcher()
         # transformers 5 renamed the KV cache argument and output from past_key_values to cache.
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # through peft
         self._cache_arg = (
-            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+            "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
         )
 
     @torch.no_grad()

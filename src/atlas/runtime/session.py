@@ -95,14 +95,8 @@ def _response_wrapper(tokenizer) -> tuple[list[int], list[int]]:
     return encode(head), encode(tail)
 
 
-def load_runtime(
-    model_dir: str | Path, cfg: RuntimeConfig, device: str = "cpu", constrained: bool = True
-) -> Runtime:
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32 if device == "cpu" else torch.bfloat16
-    )
-    model.to(device)
+def make_runtime(model, tokenizer, cfg: RuntimeConfig, constrained: bool = True) -> Runtime:
+    """A runtime around an already loaded model (the base, or the actor adapter during training)."""
     vocab = model.config.vocab_size
     stop_ids = frozenset({tokenizer.convert_tokens_to_ids(tokenizer.eos_token)})
     grammars = CallGrammars(
@@ -130,3 +124,18 @@ def load_runtime(
         response_head=head,
         response_tail=tail,
     )
+
+
+def load_model(model_dir: str | Path, device: str = "cpu"):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32 if device == "cpu" else torch.bfloat16
+    )
+    return model.to(device), tokenizer
+
+
+def load_runtime(
+    model_dir: str | Path, cfg: RuntimeConfig, device: str = "cpu", constrained: bool = True
+) -> Runtime:
+    model, tokenizer = load_model(model_dir, device)
+    return make_runtime(model, tokenizer, cfg, constrained)
