@@ -108,7 +108,9 @@ def test_call_tag_lover_cannot_put_tags_inside_strings(rt):
 
 def test_hard_bound_is_reached_by_the_longest_call_and_not_exceeded(rt):
     _, arg_bytes = arguments_ebnf(lcb_tools(CODE)["submit"].schema)
-    assert arg_bytes == len('{"code":""}') + CODE.run + CODE.escapes * (6 + CODE.run)
+    assert arg_bytes == len('{"code":""}') + CODE.run + CODE.escapes * (
+        12 + CODE.run
+    )  # \\uD83D\\uDE42: 12 bytes
     assert CODE.max_chars == 16 + 2 * 17
     bound = rt.grammars.get(lcb_tools(CODE)).token_bound
     with pytest.raises(
@@ -242,3 +244,49 @@ def test_same_seed_same_episodes(rt, data_dir):
     strip = lambda eps: [(e.token_ids, e.logprobs, [r.arguments for r in e.records]) for e in eps]  # noqa: E731
     assert strip(a) == strip(b)
     assert strip(a) != strip(c)
+
+
+def _accepts(rt, grammar, text: str) -> bool:
+    import xgrammar as xgr
+
+    m = xgr.GrammarMatcher(grammar.grammar)
+    return all(m.accept_token(t) for t in rt.tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_surrogate_escapes_only_as_whole_pairs(rt):
+    grammar = rt.grammars.get(lcb_tools(CODE))
+    call = '<tool_call>{"name":"submit","arguments":{"code":"%s"}}</tool_call>'
+    assert _accepts(rt, grammar, call % "x\\u00e9")
+    assert _accepts(rt, grammar, call % "x\\ud83d\\ude42")  # one character beyond the BMP
+    assert not _accepts(rt, grammar, call % "x\\ud800")  # a lone surrogate: not text
+    assert not _accepts(rt, grammar, call % "x\\udc00")
+
+
+def test_control_tokens_are_illegal_in_the_grammar_itself(rt):
+    """Not only the HF engine's ban: any engine handed the grammar refuses them."""
+    import xgrammar as xgr
+
+    grammar = rt.grammars.get(gpqa_tools(CODE))
+    m = xgr.GrammarMatcher(grammar.grammar)
+    bitmask = xgr.allocate_token_bitmask(1, rt.engine.vocab_size)
+    m.fill_next_token_bitmask(bitmask)
+    allowed = {i for i in range(rt.engine.vocab_size) if (int(bitmask[0, i // 32]) >> (i % 32)) & 1}
+    assert rt.grammars.banned_token_ids and not allowed & rt.grammars.banned_token_ids
+    assert rt.call_open_id in allowed
+
+
+def test_run_tests_without_public_tests_answers_instead_of_crashing():
+    from atlas.data.schema import TestCase
+    from atlas.runtime.execute import execute_call
+
+    tools = lcb_tools(CODE)
+    question = {"source": "lcb", "func_name": None}
+    call = {"name": "run_tests", "arguments": {"code": "print(1)"}}
+    result = execute_call(
+        call, None, tools, question, [(TestCase("stdin", "", "1"), "private")], GRADERS, 200
+    )
+    assert (result.status, result.output, result.ends_episode) == (
+        "ok",
+        "this problem has no public tests",
+        False,
+    )

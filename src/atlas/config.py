@@ -140,7 +140,9 @@ class TrainingConfig(_Strict):
     responses_per_question: int = Field(
         ge=1, description="Responses sampled per question per step (the group size)."
     )
-    lora_rank: int = Field(default=8, ge=1, description="LoRA rank of the actor and critic adapters (report: 64).")
+    lora_rank: int = Field(
+        default=8, ge=1, description="LoRA rank of the actor and critic adapters (report: 64)."
+    )
     lora_alpha: int = Field(default=16, ge=1, description="LoRA alpha of both adapters (report: 128).")
     lora_targets: list[str] | Literal["all-linear"] = Field(
         default="all-linear",

@@ -249,10 +249,10 @@ def grade_code(
         timeout = min(cfg.test_timeout_s, remaining)
         run = _run_test(code, test, func_name, SandboxLimits.from_config(cfg, timeout_s=timeout))
         sandboxed = sandboxed and run.sandboxed
-        outcome = _outcome(run, test, timeout)
+        outcome = _outcome(run, test, cfg.test_timeout_s)  # the configured bound, not the remainder
         if outcome.status == "timeout" and timeout < cfg.test_timeout_s:
             # Cut short by the program's budget, not by its own bound.
-            outcome = dataclasses.replace(outcome, detail=f"cut at {timeout:.2f} s: {budget_note}")
+            outcome = dataclasses.replace(outcome, detail=f"cut short: {budget_note}")
             verdict_of_test.append("program_timeout")
             skip = ("program_timeout", f"not run: {budget_note}")
         else:

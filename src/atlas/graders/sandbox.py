@@ -1,9 +1,10 @@
 """Run one untrusted Python program and report what it did, without letting it hurt the caller.
 
-Every run is a fresh `python -I` (this interpreter, isolated mode) in a fresh scratch directory,
+Every run is a fresh `python -s -P` (this interpreter; isolated mode but for the environment, which
+is scrubbed instead, so PYTHONHASHSEED holds) in a fresh scratch directory,
 started as
 
-    prlimit --as --cpu --fsize --nofile --core=0 -- unshare --net --pid --fork --kill-child -- python -I main.py
+    prlimit --as --cpu --fsize --nofile --core=0 -- unshare --net --pid --fork --kill-child -- python -s -P main.py
 
 in its own session and process group, with a scrubbed environment (PATH, LANG, PYTHONHASHSEED and
 HOME = TMPDIR = the scratch directory). What each part buys:
@@ -55,6 +56,11 @@ if TYPE_CHECKING:
     from atlas.config import GraderConfig
 
 PROGRAM_FILE = "main.py"
+SCRATCH_PREFIX = "atlas-sandbox-"
+# Isolated mode without -E: `-I` would also ignore PYTHONHASHSEED, and string hashing (so set and
+# dict order, so tool output, so trajectories) would differ between identical runs. The
+# environment is scrubbed instead; -s drops user site-packages, -P the script dir from sys.path.
+PYTHON_FLAGS = ("-s", "-P")
 # Namespaces a run tries, in order: as root the plain ones; as another user, inside a user
 # namespace that maps the caller to root (where unprivileged user namespaces are enabled).
 ISOLATION_FLAGS = (
@@ -231,6 +237,22 @@ def _processes() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
+def sandboxed_processes() -> list[int]:
+    """Live processes whose working directory is a sandbox scratch directory (any run's).
+
+    A program's command line is just `python ... main.py`; its working directory names the run."""
+    found = []
+    for pid in _processes():
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # gone since the listing, or a kernel thread
+        state = _stat(pid)
+        if os.path.basename(cwd).startswith(SCRATCH_PREFIX) and state is not None and state[0] != "Z":
+            found.append(pid)
+    return found
+
+
 def group_processes(pgid: int) -> dict[int, str]:
     """pid -> state letter ("Z": a zombie) of every process in group `pgid`, from a scan of /proc."""
     found = {}
@@ -310,7 +332,7 @@ def run_program(
             "here; expected root, or unprivileged user namespaces"
         )
     command_head = [*_rlimit_prefix(limits), *(prefix or ())]
-    scratch = tempfile.mkdtemp(prefix="atlas-sandbox-")
+    scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
     try:
         _write_files(scratch, code, files)
         env = {
@@ -326,7 +348,7 @@ def run_program(
             stdin_file.seek(0)
             start = time.monotonic()
             proc = subprocess.Popen(
-                [*command_head, sys.executable, "-I", PROGRAM_FILE, *argv_extra],
+                [*command_head, sys.executable, *PYTHON_FLAGS, PROGRAM_FILE, *argv_extra],
                 stdin=stdin_file,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

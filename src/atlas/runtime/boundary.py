@@ -19,13 +19,13 @@ The stage fails (after printing the report) when any check fails.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig
+from atlas.graders.sandbox import sandboxed_processes
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes, start_episode
 from atlas.runtime.grammar import UTF8_SLACK_TOKENS
@@ -47,19 +47,6 @@ def call_text(name: str, key: str, value: str, lead: str = "Next step.") -> str:
 
 def python_call(code: str, lead: str = "Let me run it.") -> str:
     return call_text("python", "code", code, lead)
-
-
-def stray_sandbox_processes() -> list[int]:
-    """Processes still running a sandboxed program (their command line names the scratch dir)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"atlas-sandbox-" in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 @dataclass
@@ -85,7 +72,7 @@ def _program_checks(status: set[str], graders: GraderConfig, needle: str | None 
                 r.timing_s_tool <= graders.test_timeout_s + 1,
                 round(r.timing_s_tool, 3),
             ),
-            ("no sandboxed process left behind", not stray_sandbox_processes(), stray_sandbox_processes()),
+            ("no sandboxed process left behind", not sandboxed_processes(), sandboxed_processes()),
             ("the episode went on and completed", ep.end_reason == "submit", ep.end_reason),
         ]
         if needle is not None:

@@ -37,6 +37,7 @@ _VERDICT_STATUS = {
 
 
 def refused(reason: str) -> ToolResult:
+    # Nothing ran, so nothing ran unsandboxed: sandboxed stays true.
     return ToolResult("refused", f"refused: {reason}", 0.0, True, False)
 
 
@@ -72,6 +73,8 @@ def execute_call(
         return ToolResult(run.status, output, 0.0, run.sandboxed, False)
     if source == "lcb" and name in ("run_tests", "submit"):
         public = [t for t, vis in tests if vis == "public"] if name == "run_tests" else [t for t, _ in tests]
+        if not public:  # data preparation admits a problem with private tests only
+            return ToolResult("ok", "this problem has no public tests", 0.0, True, False)
         verdict = grade_code(
             args["code"],
             public,

@@ -11,7 +11,7 @@ JSON) and no escapes (code needs `\n`), and a bounded repeat of a rule with alte
 obvious fix) costs ~50 ms per mask. Enums are literal alternatives; a code string is
 
     "\"" run ("\\" escape run){0,E} "\""    run ::= [ !#-\[\]-~]{0,R}    (printable ASCII)
-    escape ::= one of \" \\ \/ \n \t or \uXXXX
+    escape ::= one of \" \\ \/ \n \t, \uXXXX (not a surrogate) or a \uXXXX\uXXXX surrogate pair
 
 with no whitespace anywhere outside strings (~100 us per mask here). Every region is bounded, so
 a generation has a hard token bound (`CompiledCall.token_bound`); the runtime's token cap must
@@ -40,10 +40,18 @@ from atlas.model.tiny import CALL_CLOSE, CALL_OPEN
 from atlas.runtime.tools import Tool
 
 RUN_CLASS = r"[ !#-\[\]-~]"  # printable ASCII without quote and backslash
-ESCAPE = r'"\\" (["\\/nt] | "u" [0-9a-fA-F]{4})'
-MAX_ESCAPE_BYTES = 6  # \uXXXX
-# Free text may stop inside a multi-byte UTF-8 character only once it is complete: allow the
-# budget to run over by at most the 3 continuation bytes of a character.
+# \uXXXX outside the surrogates D800-DFFF, or a whole surrogate pair (one character beyond the
+# BMP, counted as one escape): a lone surrogate is valid JSON but not valid text, and it would
+# fail the moment the code is written to a file or a parquet column.
+HEX = "[0-9a-fA-F]"
+ESCAPE = (
+    r'"\\" (["\\/nt] | "u" ([0-9a-cA-Ce-fE-F] ' + HEX + "{3} | [dD] [0-7] " + HEX + "{2}"
+    r" | [dD] [89abAB] " + HEX + r'{2} "\\u" [dD] [c-fC-F] ' + HEX + "{2}))"
+)
+MAX_ESCAPE_BYTES = 12  # \uD83D\uDE42: a surrogate pair
+# A margin on the free-text budget in the bound: the budget was exact in every test (also under a
+# model pushing multi-byte characters), but a character split across the budget's end could
+# need up to its 3 continuation bytes.
 UTF8_SLACK_TOKENS = 3
 
 
@@ -137,18 +145,22 @@ def grammar_tokenizer_info(
     """xgrammar's view of the vocabulary, with added tokens made unmatchable as content.
 
     xgrammar matches tokens by their bytes, so `</tool_call>` or `<|im_start|>` would be legal
-    *inside* a code string (their bytes are printable ASCII). Each added token's bytes are
-    prefixed with 0xFF, a byte no grammar here admits, so they match only where a TokenFormat
-    names their id. Returns the info and the ids no generation may ever produce (added tokens
-    other than the call tags and stop tokens), which the engine bans outright."""
+    *inside* a code string (their bytes are printable ASCII). The call tags get a 0xFF prefix,
+    a byte no string here admits (AnyText excludes their text anyway), so they match only where a
+    TokenFormat names their id. Every other added token but the stop token gets the empty string,
+    which xgrammar treats as special and never admits, so the grammar alone (as any engine is
+    handed it) forbids them; the HF engine also bans them with -inf. Returns the info and those
+    banned ids."""
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
     vocab = list(info.decoded_vocab)
     added = tokenizer.get_added_vocab()
-    for token, i in added.items():
-        if i not in stop_token_ids:
-            vocab[i] = b"\xff" + token.encode("utf-8")
-    raw = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
     banned = {i for t, i in added.items() if t not in (CALL_OPEN, CALL_CLOSE) and i not in stop_token_ids}
+    for token, i in added.items():
+        if i in banned:
+            vocab[i] = b""  # an empty token is special to xgrammar: never admitted anywhere
+        elif i not in stop_token_ids:
+            vocab[i] = b"\xff" + token.encode("utf-8")  # the call tags: only by TokenFormat id
+    raw = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
     return raw, banned
 
 

@@ -40,7 +40,7 @@ class Runtime:
         return list(out["input_ids"] if not isinstance(out, list) else out)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def sanitize(self, text: str) -> str:
         """Tool output must not smuggle in control or call tokens: break every added-token string."""

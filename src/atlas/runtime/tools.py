@@ -109,6 +109,10 @@ def check_arguments(tool: Tool, arguments: Any) -> str | None:
         prop = schema["properties"][key]
         if not isinstance(value, str):
             return f"{key} is a {type(value).__name__}, expected a string"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{key} holds a lone surrogate, expected valid text"
         if "enum" in prop and value not in prop["enum"]:
             return f"{key}={value!r} is not one of {prop['enum']}"
         if "maxLength" in prop and len(value) > prop["maxLength"]:
