@@ -370,20 +370,31 @@ def test_no_network_inside_the_sandbox(scratch_root):
     assert_contained(scratch_root, r)
 
 
-def test_writes_outside_the_scratch_dir_are_not_blocked_only_capped(tmp_path, scratch_root):
-    # Honest: the program runs with our user id (root), so a write outside its scratch directory
-    # lands. What holds is RLIMIT_FSIZE: no file it writes grows past file_size_mb.
-    small, big = tmp_path / "outside-small.txt", tmp_path / "outside-big.bin"
-    code = (
-        f"open({str(small)!r}, 'w').write('written from the sandbox')\n"
-        f"with open({str(big)!r}, 'wb') as f:\n"
-        "    f.write(b'a' * (3 * 2**20))\n"
-    )
+@pytest.mark.skipif(not sandbox._fs_isolation(), reason="no mount namespace here")
+def test_writes_outside_the_scratch_dir_are_refused(tmp_path, scratch_root):
+    """Outside its scratch directory the file system is read-only to a program."""
+    outside = tmp_path / "outside.txt"
+    r = run_program(f"open({str(outside)!r}, 'w').write('written from the sandbox')", limits=LIMITS)
+    assert r.status == "error" and "Read-only file system" in r.stderr
+    assert not outside.exists()
+    inside = run_program("open('note.txt', 'w').write('ok')\nprint(open('note.txt').read())", limits=LIMITS)
+    assert (inside.status, inside.stdout) == ("ok", "ok\n")
+    assert_contained(scratch_root, r)
+
+
+@pytest.mark.skipif(not sandbox._fs_isolation(), reason="no mount namespace here")
+def test_the_workflow_folder_is_hidden(scratch_root):
+    """Answers and private tests live under the grader's working directory: the program sees
+    an empty folder there."""
+    r = run_program(f"import os\nprint(os.listdir({str(REPO)!r}))", limits=LIMITS)
+    assert (r.status, r.stdout) == ("ok", "[]\n")
+    assert (REPO / "pyproject.toml").is_file()  # hidden from the program only
+
+
+def test_file_size_is_capped_in_the_scratch_dir(scratch_root):
     limits = SandboxLimits.from_config(GraderConfig(file_size_mb=1))
-    r = run_program(code, limits=limits)
-    assert small.read_text() == "written from the sandbox"
+    r = run_program("with open('big.bin', 'wb') as f:\n    f.write(b'a' * (3 * 2**20))", limits=limits)
     assert r.status == "error" and "File too large" in r.stderr
-    assert big.stat().st_size == 2**20
     assert_contained(scratch_root, r)
 
 
@@ -552,7 +563,7 @@ ADVERSARIAL = {
     "opens_a_socket": ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)", {"error"}),
     "writes_outside": (
         "open('/tmp/atlas-cli-outside.txt', 'w').write('x' * 10)\nprint(0)",
-        {"failed", "passed"},
+        {"error"},
     ),
 }
 
@@ -567,7 +578,7 @@ def test_cli_verdict_for_every_adversarial_program_within_bound_plus_1s(tmp_path
     assert verdict["status"] in statuses, verdict
     assert verdict["wall_s"] <= graders["program_timeout_s"] + 1
     assert sandboxed_processes() == []
-    Path("/tmp/atlas-cli-outside.txt").unlink(missing_ok=True)  # not blocked, only capped: see above
+    assert not Path("/tmp/atlas-cli-outside.txt").exists()
 
 
 def test_string_hashing_is_stable_across_runs(scratch_root):

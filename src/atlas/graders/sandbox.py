@@ -28,13 +28,18 @@ Where `unshare` is not permitted the program runs without the namespaces, `sandb
 recorded, and leftovers are killed by process group alone (a setsid() escapee survives); with
 `require_network_isolation` the run is refused instead.
 
-What is NOT contained: the program runs with our own user id (root here), so it can read and write
-any file we can. Its working directory, HOME and TMPDIR are the scratch directory, and RLIMIT_FSIZE
-caps each file it writes, but nothing stops a write elsewhere; a mount namespace with read-only
-binds, or a separate unprivileged user (this interpreter lives under /root, mode 700), would be
-needed. RLIMIT_NPROC is not set: root ignores it, and for other users it counts every task of the
-user (the grader's own threads included), so a limit low enough to stop a fork bomb would break
-ordinary runs on a busy host. A fork bomb is therefore bounded only by the timeout, and killed whole.
+- `unshare --mount` (where it works; probed once): before the program starts, a small shell
+  script binds the scratch directory, covers the grader's working directory (the workflow, whose
+  results/ hold correct letters and private tests) with an empty read-only tmpfs, and remounts
+  every other mount read-only. A write outside the scratch directory fails with EROFS. The
+  interpreter is run by its real path, since a venv link to it may sit in the hidden folder.
+
+What is NOT contained: the program still runs as our user (root here) inside those namespaces,
+so it can read files outside the hidden folder (read-only), and /proc, /sys and /dev stay as
+they are. RLIMIT_NPROC is not set: root ignores it, and for other users it counts every task of
+the user (the grader's own threads included), so a limit low enough to stop a fork bomb would
+break ordinary runs on a busy host. A fork bomb is therefore bounded only by the timeout, and
+killed whole.
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ SCRATCH_PREFIX = "atlas-sandbox-"
 # dict order, so tool output, so trajectories) would differ between identical runs. The
 # environment is scrubbed instead; -s drops user site-packages, -P the script dir from sys.path.
 PYTHON_FLAGS = ("-s", "-P")
+# The interpreter itself, not a venv's link to it: the link may sit in a folder the run hides.
+# Programs need only the standard library.
+PYTHON = os.path.realpath(sys.executable)
 # Namespaces a run tries, in order: as root the plain ones; as another user, inside a user
 # namespace that maps the caller to root (where unprivileged user namespaces are enabled).
 ISOLATION_FLAGS = (
@@ -131,6 +139,48 @@ def _isolation_prefix() -> tuple[str, ...] | None:
         if probe.returncode == 0:
             return (unshare, *flags, "--")
     return None
+
+
+# Run inside the namespaces, before the program: everything the program could write outside its
+# scratch directory becomes read-only, and the grader's working directory (the workflow, with
+# results/: answers and private tests) is covered by an empty read-only tmpfs. $1 = scratch,
+# then the folders to hide, then "--" and the program's command.
+FS_SCRIPT = r"""
+scratch="$1"; shift
+mount --bind "$scratch" "$scratch" || exit 97
+while [ "$1" != "--" ]; do mount -t tmpfs -o size=4k,mode=0555,ro atlas-hidden "$1" || exit 97; shift; done
+shift
+for m in $(cut -d' ' -f2 /proc/self/mounts); do
+  case "$m" in "$scratch"|/proc|/proc/*|/sys|/sys/*|/dev|/dev/*) ;; *) mount -o remount,bind,ro "$m" 2>/dev/null ;; esac
+done
+mount -o remount,bind,ro / || exit 97
+cd "$scratch" && unset PWD OLDPWD && exec "$@"
+"""
+FS_SETUP_FAILED = 97
+
+
+@functools.cache
+def _fs_isolation() -> bool:
+    """Whether a mount namespace with a read-only root works here (probed once per process)."""
+    prefix = _isolation_prefix()
+    if prefix is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
+        probe = subprocess.run(
+            [prefix[0], "--mount", *prefix[1:], "/bin/sh", "-c", FS_SCRIPT, "sh", scratch, "--", "true"],
+            capture_output=True,
+            timeout=30,
+        )
+    return probe.returncode == 0
+
+
+def _hidden_folders(scratch: str) -> list[str]:
+    """The grader's working directory, unless hiding it would hide the scratch or the interpreter."""
+    cwd = os.path.realpath(os.getcwd())
+    inside = lambda path: os.path.commonpath([cwd, os.path.realpath(path)]) == cwd  # noqa: E731
+    if cwd == "/" or inside(scratch) or inside(PYTHON) or inside(sys.base_prefix):
+        return []
+    return [cwd]
 
 
 def network_isolation_available() -> bool:
@@ -332,7 +382,22 @@ def run_program(
             "here; expected root, or unprivileged user namespaces"
         )
     command_head = [*_rlimit_prefix(limits), *(prefix or ())]
+    fs_isolated = prefix is not None and _fs_isolation()
     scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    if fs_isolated:
+        command_head = [
+            prefix[0],
+            "--mount",
+            *prefix[1:],
+            "/bin/sh",
+            "-c",
+            FS_SCRIPT,
+            "sh",
+            scratch,
+            *_hidden_folders(scratch),
+            "--",
+        ]
+        command_head = [*_rlimit_prefix(limits), *command_head]
     try:
         _write_files(scratch, code, files)
         env = {
@@ -348,7 +413,7 @@ def run_program(
             stdin_file.seek(0)
             start = time.monotonic()
             proc = subprocess.Popen(
-                [*command_head, sys.executable, *PYTHON_FLAGS, PROGRAM_FILE, *argv_extra],
+                [*command_head, PYTHON, *PYTHON_FLAGS, PROGRAM_FILE, *argv_extra],
                 stdin=stdin_file,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
