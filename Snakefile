@@ -24,6 +24,7 @@ sys.path.insert(0, SRC)
 PYTHONPATH = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
 shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
 from atlas.config import parse_config
+from atlas.runtime.tools import check_runtime_bounds
 
 
 configfile: "config/config.yaml"
@@ -32,6 +33,7 @@ configfile: "config/config.yaml"
 # Pydantic first, for messages that name the key path; then the generated JSON schema.
 ATLAS = parse_config(config, "(snakemake config)")
 validate(config, "config/schema.json", set_default=False)
+check_runtime_bounds(ATLAS.runtime)  # token caps above the grammar's hard bound
 
 
 include: "rules/common.smk"

@@ -117,3 +117,31 @@ def test_snakemake_stops_on_bad_config_before_any_job(tmp_path):
     assert "schedule.steps: Input should be greater than or equal to 1 (got -3)" in out
     assert "Building DAG" not in out
     assert not (tmp_path / "results").exists()
+
+
+def test_snakemake_stops_when_a_token_cap_is_below_the_grammar_bound(tmp_path):
+    raw = default_raw()
+    raw["runtime"]["max_generation_tokens"] = 100
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-n",
+            "--configfile",
+            str(bad),
+            "--directory",
+            str(tmp_path),
+            "--snakefile",
+            str(REPO / "Snakefile"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "runtime.max_generation_tokens (100) must exceed the grammar's hard bound" in out
+    assert "Building DAG" not in out

@@ -17,11 +17,19 @@ from xgrammar.structural_tag import (
 from atlas.config import GraderConfig, RuntimeConfig
 from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.episode import EpisodeSpec, run_episodes
-from atlas.runtime.grammar import CompiledCall, arguments_ebnf
+from atlas.runtime.grammar import CompiledCall
 from atlas.runtime.inputs import read_questions, read_tests
 from atlas.runtime.protocol import check_episodes, parse_call, token_rewards
 from atlas.runtime.session import load_runtime
-from atlas.runtime.tools import CodeBounds, check_arguments, gpqa_tools, lcb_tools
+from atlas.runtime.tools import (
+    CodeBounds,
+    argument_bytes,
+    check_arguments,
+    check_runtime_bounds,
+    gpqa_tools,
+    lcb_tools,
+    token_bound,
+)
 
 RUNTIME = RuntimeConfig(
     max_turns=3, max_text_tokens=16, max_code_run=16, max_code_escapes=2, max_generation_tokens=512
@@ -107,7 +115,7 @@ def test_call_tag_lover_cannot_put_tags_inside_strings(rt):
 
 
 def test_hard_bound_is_reached_by_the_longest_call_and_not_exceeded(rt):
-    _, arg_bytes = arguments_ebnf(lcb_tools(CODE)["submit"].schema)
+    arg_bytes = argument_bytes(lcb_tools(CODE)["submit"].schema)
     assert arg_bytes == len('{"code":""}') + CODE.run + CODE.escapes * (
         12 + CODE.run
     )  # \\uD83D\\uDE42: 12 bytes
@@ -290,3 +298,56 @@ def test_run_tests_without_public_tests_answers_instead_of_crashing():
         "this problem has no public tests",
         False,
     )
+
+
+def test_runtime_bounds_are_checked_from_the_config_alone():
+    from atlas.config import ConfigError
+
+    bound = check_runtime_bounds(RUNTIME)
+    assert bound == max(token_bound(t, RUNTIME.max_text_tokens) for t in (gpqa_tools(CODE), lcb_tools(CODE)))
+    at_bound = RUNTIME.model_copy(update={"max_generation_tokens": bound})
+    with pytest.raises(
+        ConfigError,
+        match=rf"max_generation_tokens \({bound}\) must exceed the grammar's hard bound \({bound} tokens",
+    ):
+        check_runtime_bounds(at_bound)
+    with pytest.raises(
+        ConfigError,
+        match=r"runtime.max_trajectory_tokens \(600\) must be at least max_generation_tokens \+ 256 \(768\)",
+    ):
+        check_runtime_bounds(RUNTIME.model_copy(update={"max_trajectory_tokens": 600}))
+
+
+def test_protocol_checks_fire_on_tampered_episodes(rt, episodes):
+    import copy
+
+    def violations(ep, **kw):
+        report = check_episodes([ep], rt.decode, rt.call_open_id, rt.call_close_id, **kw)
+        return sorted({row["kind"] for row in report.violation_rows})
+
+    clean = episodes[0]
+    assert violations(clean) == []
+
+    ep = copy.deepcopy(clean)
+    ep.records[0].arguments = '{"answer":"Z"}'
+    assert violations(ep) == ["record_differs_from_call"]
+
+    ep = copy.deepcopy(clean)
+    ep.records[0].action_token = ep.generations[0].end - 1  # the stop token: forced, not sampled
+    assert violations(ep) == ["action_token_not_sampled"]
+
+    ep = copy.deepcopy(clean)
+    off = ep.prompt_tokens - 1
+    assert violations(
+        ep, rewards_of=lambda e: [1.0 if i == off else 0.0 for i in range(len(e.token_ids))]
+    ) == ["reward_off_action_token"]
+    assert violations(clean, max_trajectory_tokens=clean.prompt_tokens) == ["over_trajectory_limit"]
+
+    ep = copy.deepcopy(clean)
+    span = ep.generations[0]
+    ep.token_ids[span.start : span.end] = ep.token_ids[span.start : span.end - 1] + [
+        rt.call_close_id,
+        ep.token_ids[span.end - 1],
+    ]
+    ep.generations[0].end += 1
+    assert "no_single_call" in violations(ep)

@@ -87,13 +87,16 @@ def main(argv: list[str] | None = None) -> None:
     val = read_split(data, "val")
     check_no_overlap(train, val)
 
-    slots = build_schedule(
-        [(q.question_uid, q.source) for q in train],
-        schedule.steps,
-        schedule.questions_per_step,
-        schedule.seed,
-        schedule.shuffle,
-    )
+    try:
+        slots = build_schedule(
+            [(q.question_uid, q.source) for q in train],
+            schedule.steps,
+            schedule.questions_per_step,
+            schedule.seed,
+            schedule.shuffle,
+        )
+    except ValueError as err:
+        raise DataError(data.gpqa.train + " + " + data.lcb.train, None, str(err)) from None
     by_uid = {q.question_uid: q.row() for q in train}
     train_rows = [
         {"slot": s.slot, "step": s.step, "position": s.position, **by_uid[s.question_uid]} for s in slots

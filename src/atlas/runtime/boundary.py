@@ -28,12 +28,11 @@ from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig
 from atlas.graders.sandbox import sandboxed_processes
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes, start_episode
-from atlas.runtime.grammar import UTF8_SLACK_TOKENS
-from atlas.runtime.inputs import read_questions, read_tests, rollout_parser
+from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser
 from atlas.runtime.protocol import ProtocolReport, check_episodes
 from atlas.runtime.runfolder import write_rollouts
 from atlas.runtime.session import Runtime, load_runtime
-from atlas.runtime.tools import CodeBounds
+from atlas.runtime.tools import UTF8_SLACK_TOKENS, CodeBounds
 from atlas.stage import code_files, log, run
 
 RUN = "boundary"
@@ -284,7 +283,14 @@ def main(argv: list[str] | None = None) -> None:
         cfg = runtime.model_copy(update=case.runtime or {})
         case.spec.sample = i  # (question_uid, sample) names one case's episode in both parquet files
         (ep,) = run_episodes(rt, [case.spec], cfg, graders, run=RUN, step=0, phase="val", seed=s["seed"])
-        check_episodes([ep], rt.decode, rt.call_open_id, rt.call_close_id, report)
+        check_episodes(
+            [ep],
+            rt.decode,
+            rt.call_open_id,
+            rt.call_close_id,
+            report,
+            max_trajectory_tokens=cfg.max_trajectory_tokens,
+        )
         checks = [{"check": c, "passed": bool(ok), "observed": seen} for c, ok, seen in case.checks(ep, rt)]
         passed = all(c["passed"] for c in checks)
         results.append({"case": case.name, "sample": i, "passed": passed, "checks": checks})
@@ -300,7 +306,13 @@ def main(argv: list[str] | None = None) -> None:
     with atomic_dir(args.out) as tmp:
         write_rollouts(tmp, episodes, report, run=RUN, step=0, phase="val")
         atomic_write_json(tmp / "boundary.json", summary)
-        write_manifest(tmp, stage=RUN, inputs=[args.val, args.tests], code=code_files(MODULE), config=s)
+        write_manifest(
+            tmp,
+            stage=RUN,
+            inputs=[args.val, args.tests, *model_files(args.model)],
+            code=code_files(MODULE),
+            config=s,
+        )
     if summary["passed"] != summary["cases"] or report.violations:
         print(json.dumps(summary, indent=1, ensure_ascii=False), file=sys.stderr)
         raise SystemExit(

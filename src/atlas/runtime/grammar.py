@@ -37,7 +37,7 @@ from xgrammar.structural_tag import (
 
 from atlas.config import ConfigError
 from atlas.model.tiny import CALL_CLOSE, CALL_OPEN
-from atlas.runtime.tools import Tool
+from atlas.runtime.tools import Tool, call_prefix, token_bound
 
 RUN_CLASS = r"[ !#-\[\]-~]"  # printable ASCII without quote and backslash
 # \uXXXX outside the surrogates D800-DFFF, or a whole surrogate pair (one character beyond the
@@ -48,35 +48,28 @@ ESCAPE = (
     r'"\\" (["\\/nt] | "u" ([0-9a-cA-Ce-fE-F] ' + HEX + "{3} | [dD] [0-7] " + HEX + "{2}"
     r" | [dD] [89abAB] " + HEX + r'{2} "\\u" [dD] [c-fC-F] ' + HEX + "{2}))"
 )
-MAX_ESCAPE_BYTES = 12  # \uD83D\uDE42: a surrogate pair
-# A margin on the free-text budget in the bound: the budget was exact in every test (also under a
-# model pushing multi-byte characters), but a character split across the budget's end could
-# need up to its 3 continuation bytes.
-UTF8_SLACK_TOKENS = 3
 
 
 def _ebnf_literal(text: str) -> str:
     return json.dumps(text)  # a JSON string literal is a valid EBNF string literal here
 
 
-def arguments_ebnf(schema: dict) -> tuple[str, int]:
-    """Compact-JSON grammar of an arguments object, and the most bytes it can take.
+def arguments_ebnf(schema: dict) -> str:
+    """Compact-JSON grammar of an arguments object (its byte bound: tools.argument_bytes).
 
     Supports the subset our tools use: an object of required string properties, each an enum or
     a bounded string, written in `required` order with no whitespace."""
     if schema.get("type") != "object" or schema.get("additionalProperties") is not False:
         raise ValueError("tool schemas must be closed objects (additionalProperties: false)")
-    parts, max_bytes = [], 2  # the braces
+    parts = []
     for i, key in enumerate(schema["required"]):
         prop = schema["properties"][key]
         if prop.get("type") != "string":
             raise ValueError(f"property {key!r}: only string properties are supported")
         prefix = ("," if i else "") + json.dumps(key) + ":"
-        max_bytes += len(prefix.encode())
         if "enum" in prop:
             options = " | ".join(_ebnf_literal(json.dumps(v)) for v in prop["enum"])
             parts += [_ebnf_literal(prefix), f"({options})"]
-            max_bytes += max(len(json.dumps(v).encode()) for v in prop["enum"])
         elif "x-atlas-max-run" in prop:
             run, escapes = int(prop["x-atlas-max-run"]), int(prop["x-atlas-max-escapes"])
             runs = f"{RUN_CLASS}{{0,{run}}}"
@@ -86,14 +79,9 @@ def arguments_ebnf(schema: dict) -> tuple[str, int]:
                 f"({ESCAPE} {runs}){{0,{escapes}}}",
                 _ebnf_literal('"'),
             ]
-            max_bytes += 2 + run + escapes * (MAX_ESCAPE_BYTES + run)
         else:
             raise ValueError(f"property {key!r}: strings must be an enum or a bounded code string")
-    return "root ::= " + " ".join([_ebnf_literal("{"), *parts, _ebnf_literal("}")]), max_bytes
-
-
-def call_prefix(name: str) -> str:
-    return f'{{"name":{json.dumps(name)},"arguments":'
+    return "root ::= " + " ".join([_ebnf_literal("{"), *parts, _ebnf_literal("}")])
 
 
 def structural_tag(
@@ -103,9 +91,9 @@ def structural_tag(
     call_close: int | str = CALL_CLOSE,
 ) -> tuple[StructuralTag, int]:
     """The structural tag for one tool set, and the hard token bound of a generation under it."""
-    calls, longest_call = [], 0
+    calls = []
     for name, tool in sorted(tools.items()):
-        ebnf, arg_bytes = arguments_ebnf(tool.schema)
+        ebnf = arguments_ebnf(tool.schema)
         prefix = call_prefix(name)
         calls.append(
             SequenceFormat(
@@ -116,7 +104,6 @@ def structural_tag(
                 ]
             )
         )
-        longest_call = max(longest_call, len(prefix.encode()) + arg_bytes + 1)
     tag = StructuralTag(
         format=SequenceFormat(
             elements=[
@@ -127,9 +114,7 @@ def structural_tag(
             ]
         )
     )
-    # Every token inside the call holds at least one byte, so bytes bound tokens.
-    bound = max_text_tokens + UTF8_SLACK_TOKENS + 1 + longest_call + 1 + 1  # open, call, close, EOS
-    return tag, bound
+    return tag, token_bound(tools, max_text_tokens)
 
 
 @dataclass(frozen=True)

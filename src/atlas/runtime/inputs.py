@@ -21,6 +21,11 @@ def rollout_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def model_files(model_dir: str | Path) -> list[Path]:
+    """The model folder's files, for a manifest's inputs: a rebuilt model makes the run stale."""
+    return sorted(p for p in Path(model_dir).rglob("*") if p.is_file() and p.name != ".snakemake_timestamp")
+
+
 def read_questions(path: str | Path) -> list[dict]:
     return pq.read_table(path).to_pylist()
 

@@ -4,7 +4,9 @@
   valid JSON between them, a name and an arguments object) and ends with a stop token;
 - records == generations;
 - every action token is a sampled, loss-mask-1 token inside its own generation;
-- the tool was offered on that turn, its arguments fit the schema, the generation fits the bound;
+- only the stop token follows the call, and the record names the call the tokens hold;
+- the tool was offered on that turn, its arguments fit the schema, the generation fits the bound,
+  the trajectory fits runtime.max_trajectory_tokens;
 - every non-zero reward sits on a recorded action token.
 
 Each broken invariant becomes a violation row (kind, episode, turn, detail) in protocol.json.
@@ -16,6 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from atlas.hashing import canonical_json
 from atlas.runtime.tools import check_arguments
 
 PINNED_COUNTS = ("episodes", "completed", "generations", "records", "calls", "violations")
@@ -79,8 +82,17 @@ def token_rewards(episode) -> list[float]:
 
 
 def check_episodes(
-    episodes, decode, open_id: int, close_id: int, report: ProtocolReport | None = None
+    episodes,
+    decode,
+    open_id: int,
+    close_id: int,
+    report: ProtocolReport | None = None,
+    *,
+    max_trajectory_tokens: int | None = None,
+    rewards_of=None,
 ) -> ProtocolReport:
+    """Count the invariants over `episodes` into `report` (a new one by default). `rewards_of(ep)`
+    gives the per-token reward vector an update will use; without it, the records' placement."""
     report = report or ProtocolReport()
     for ep in episodes:
         report.episodes += 1
@@ -101,6 +113,12 @@ def check_episodes(
                 report.add("no_single_call", ep, turn, error)
             else:
                 report.calls += 1
+                if ids[ids.index(close_id) + 1 :] != ids[-1:] or len(ids) < 2:
+                    report.add("tokens_after_call", ep, turn, "more than the stop token follows </tool_call>")
+                if (rec.tool, rec.arguments) != (call["name"], canonical_json(call["arguments"])):
+                    report.add(
+                        "record_differs_from_call", ep, turn, f"record says {rec.tool} {rec.arguments[:80]}"
+                    )
                 tool = gen.offered.get(call["name"])
                 if tool is None:
                     report.add("tool_not_offered", ep, turn, f"{call['name']!r} not in {sorted(gen.offered)}")
@@ -115,8 +133,12 @@ def check_episodes(
                 report.add(
                     "action_token_not_sampled", ep, turn, f"action_token {a} in [{gen.start}, {gen.end})"
                 )
+        if max_trajectory_tokens is not None and len(ep.token_ids) > max_trajectory_tokens:
+            report.add("over_trajectory_limit", ep, None, f"{len(ep.token_ids)} > {max_trajectory_tokens}")
+        # The reward vector the update uses (given by training), or the records' own placement.
+        rewards = rewards_of(ep) if rewards_of is not None else token_rewards(ep)
         action_tokens = {r.action_token for r in ep.records}
-        stray = [i for i, x in enumerate(token_rewards(ep)) if x != 0.0 and i not in action_tokens]
+        stray = [i for i, x in enumerate(rewards) if x != 0.0 and i not in action_tokens]
         if stray:
             report.add("reward_off_action_token", ep, None, f"rewards at {stray[:5]}")
     return report

@@ -109,7 +109,7 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("sampled", pa.list_(pa.int8()), nullable=False),  # 1: sampled; 0: forced or not generated
         pa.field("logprobs", pa.list_(pa.float32()), nullable=False),  # rollout log-prob; 0 where not sampled
         pa.field("completed", pa.bool_(), nullable=False),  # ended with an executed submit
-        pa.field("end_reason", pa.string(), nullable=False),  # "submit" | "trajectory_limit" | "violation"
+        pa.field("end_reason", pa.string(), nullable=False),  # "submit" | "trajectory_limit" | "turn_limit"
         pa.field("score", pa.float64(), nullable=False),
         pa.field("turns", pa.int32(), nullable=False),
     ]

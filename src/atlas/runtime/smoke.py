@@ -17,7 +17,7 @@ import sys
 from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig, SmokeConfig
 from atlas.hashing import atomic_dir, write_manifest
 from atlas.runtime.episode import EpisodeSpec, run_episodes
-from atlas.runtime.inputs import read_questions, read_tests, rollout_parser, smoke_slice
+from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser, smoke_slice
 from atlas.runtime.protocol import PINNED_COUNTS, check_episodes
 from atlas.runtime.runfolder import write_rollouts
 from atlas.runtime.session import load_runtime
@@ -51,15 +51,27 @@ def main(argv: list[str] | None = None) -> None:
         seed=s["seed"],
         progress=lambda m: log(RUN, m),
     )
-    report = check_episodes(episodes, rt.decode, rt.call_open_id, rt.call_close_id)
+    report = check_episodes(
+        episodes,
+        rt.decode,
+        rt.call_open_id,
+        rt.call_close_id,
+        max_trajectory_tokens=runtime.max_trajectory_tokens,
+    )
     counts = {k: getattr(report, k) for k in PINNED_COUNTS}
     log(RUN, "protocol", **counts)
 
     with atomic_dir(args.out) as tmp:
         write_rollouts(tmp, episodes, report, run=RUN, step=0, phase="val")
-        write_manifest(tmp, stage=RUN, inputs=[args.val, args.tests], code=code_files(MODULE), config=s)
+        write_manifest(
+            tmp,
+            stage=RUN,
+            inputs=[args.val, args.tests, *model_files(args.model)],
+            code=code_files(MODULE),
+            config=s,
+        )
     if report.violations or report.completed != report.episodes:
-        print(json.dumps(report.violation_rows[:20], indent=1), file=sys.stderr)
+        print(json.dumps(report.to_json(), indent=1), file=sys.stderr)  # the log keeps it all
         raise SystemExit(
             f"smoke: {report.violations} protocol violations, {report.completed}/{report.episodes} completed"
         )

@@ -8,8 +8,11 @@ only `submit` is offered, so every episode ends with a submission.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
+
+from atlas.config import ConfigError, RuntimeConfig
 
 LETTERS = ("A", "B", "C", "D")
 
@@ -118,3 +121,58 @@ def check_arguments(tool: Tool, arguments: Any) -> str | None:
         if "maxLength" in prop and len(value) > prop["maxLength"]:
             return f"{key} has {len(value)} characters, more than {prop['maxLength']}"
     return None
+
+
+# --- the hard token bound of a generation (pure arithmetic; the grammar enforces the shape) ---
+
+MAX_ESCAPE_BYTES = 12  # the longest escape a code string admits: a \uXXXX\uXXXX surrogate pair
+# A margin on the free-text budget: xgrammar kept it exactly in every test, but a character split
+# across the budget's end could need up to its 3 continuation bytes.
+UTF8_SLACK_TOKENS = 3
+# Room a trajectory needs beyond one generation: the prompt and the tool turn's wrapper.
+MIN_PROMPT_ROOM = 256
+
+
+def call_prefix(name: str) -> str:
+    return f'{{"name":{json.dumps(name)},"arguments":'
+
+
+def argument_bytes(schema: dict[str, Any]) -> int:
+    """The most bytes the compact JSON of an arguments object under `schema` can take."""
+    total = 2  # the braces
+    for i, key in enumerate(schema["required"]):
+        prop = schema["properties"][key]
+        total += len((("," if i else "") + json.dumps(key) + ":").encode())
+        if "enum" in prop:
+            total += max(len(json.dumps(v).encode()) for v in prop["enum"])
+        else:
+            run, escapes = int(prop["x-atlas-max-run"]), int(prop["x-atlas-max-escapes"])
+            total += 2 + run + escapes * (MAX_ESCAPE_BYTES + run)
+    return total
+
+
+def token_bound(tools: dict[str, Tool], max_text_tokens: int) -> int:
+    """No generation offering `tools` is longer: text, call-open, the longest call, call-close, EOS.
+    Every token inside the call holds at least one byte, so bytes bound tokens."""
+    longest_call = max(len(call_prefix(n).encode()) + argument_bytes(t.schema) + 1 for n, t in tools.items())
+    return max_text_tokens + UTF8_SLACK_TOKENS + 1 + longest_call + 1 + 1
+
+
+def check_runtime_bounds(cfg: RuntimeConfig) -> int:
+    """Refuse a runtime config whose token caps a generation could exceed; returns the bound.
+    The Snakefile calls it at load time, so a bad config stops before any job runs."""
+    code = CodeBounds(cfg.max_code_run, cfg.max_code_escapes)
+    bound = max(token_bound(tools_for(source, code), cfg.max_text_tokens) for source in ("gpqa", "lcb"))
+    if cfg.max_generation_tokens <= bound:
+        raise ConfigError(
+            f"runtime.max_generation_tokens ({cfg.max_generation_tokens}) must exceed the grammar's hard "
+            f"bound ({bound} tokens from max_text_tokens, max_code_run, max_code_escapes), so that a call "
+            "can never be cut off"
+        )
+    if cfg.max_trajectory_tokens < cfg.max_generation_tokens + MIN_PROMPT_ROOM:
+        raise ConfigError(
+            f"runtime.max_trajectory_tokens ({cfg.max_trajectory_tokens}) must be at least "
+            f"max_generation_tokens + {MIN_PROMPT_ROOM} ({cfg.max_generation_tokens + MIN_PROMPT_ROOM}): "
+            "room for a prompt and one generation"
+        )
+    return bound
