@@ -26,14 +26,13 @@ from typing import Any
 
 from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig
 from atlas.graders.sandbox import sandboxed_processes
-from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes, start_episode
-from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser
+from atlas.runtime.inputs import read_questions, read_tests, rollout_parser
 from atlas.runtime.protocol import ProtocolReport, check_episodes
-from atlas.runtime.runfolder import write_rollouts
+from atlas.runtime.runfolder import write_rollout_stage
 from atlas.runtime.session import Runtime, load_runtime
 from atlas.runtime.tools import UTF8_SLACK_TOKENS, CodeBounds
-from atlas.stage import code_files, log, run
+from atlas.stage import log, run
 
 RUN = "boundary"
 MODULE = "atlas.runtime.boundary"
@@ -303,16 +302,9 @@ def main(argv: list[str] | None = None) -> None:
         "protocol_violations": report.violations,
         "results": results,
     }
-    with atomic_dir(args.out) as tmp:
-        write_rollouts(tmp, episodes, report, run=RUN, step=0, phase="val")
-        atomic_write_json(tmp / "boundary.json", summary)
-        write_manifest(
-            tmp,
-            stage=RUN,
-            inputs=[args.val, args.tests, *model_files(args.model)],
-            code=code_files(MODULE),
-            config=s,
-        )
+    write_rollout_stage(
+        args.out, episodes, report, run=RUN, module=MODULE, args=args, extra={"boundary.json": summary}
+    )
     if summary["passed"] != summary["cases"] or report.violations:
         print(json.dumps(summary, indent=1, ensure_ascii=False), file=sys.stderr)
         raise SystemExit(

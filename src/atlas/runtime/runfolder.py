@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from atlas.hashing import atomic_path, atomic_write_json
+from atlas.hashing import atomic_dir, atomic_path, atomic_write_json, write_manifest
+from atlas.runtime.inputs import model_files
 from atlas.runtime.protocol import ProtocolReport
 from atlas.runtime.records import TRAJECTORY_SCHEMA, write_records
+from atlas.stage import code_files
 
 
 def trajectory_row(ep, *, run: str, step: int, phase: str) -> dict:
@@ -41,3 +44,28 @@ def write_rollouts(
     with atomic_path(folder / "trajectories.parquet") as tmp:
         pq.write_table(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), tmp, compression="zstd")
     atomic_write_json(folder / "protocol.json", {"run": run, **report.to_json()})
+
+
+def write_rollout_stage(
+    out: Path,
+    episodes,
+    report: ProtocolReport,
+    *,
+    run: str,
+    module: str,
+    args,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """A validation-phase rollout stage's whole folder (rollouts, `extra` JSON files, manifest),
+    renamed into place at once. `args` are the stage's parsed rollout_parser arguments."""
+    with atomic_dir(out) as tmp:
+        write_rollouts(tmp, episodes, report, run=run, step=0, phase="val")
+        for name, value in (extra or {}).items():
+            atomic_write_json(tmp / name, value)
+        write_manifest(
+            tmp,
+            stage=run,
+            inputs=[args.val, args.tests, *model_files(args.model)],
+            code=code_files(module),
+            config=args.config_slice,
+        )

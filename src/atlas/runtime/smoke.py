@@ -15,13 +15,12 @@ import json
 import sys
 
 from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig, SmokeConfig
-from atlas.hashing import atomic_dir, write_manifest
 from atlas.runtime.episode import EpisodeSpec, run_episodes
-from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser, smoke_slice
+from atlas.runtime.inputs import read_questions, read_tests, rollout_parser, smoke_slice
 from atlas.runtime.protocol import PINNED_COUNTS, check_episodes
-from atlas.runtime.runfolder import write_rollouts
+from atlas.runtime.runfolder import write_rollout_stage
 from atlas.runtime.session import load_runtime
-from atlas.stage import code_files, log, run
+from atlas.stage import log, run
 
 RUN = "smoke"
 MODULE = "atlas.runtime.smoke"
@@ -61,15 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     counts = {k: getattr(report, k) for k in PINNED_COUNTS}
     log(RUN, "protocol", **counts)
 
-    with atomic_dir(args.out) as tmp:
-        write_rollouts(tmp, episodes, report, run=RUN, step=0, phase="val")
-        write_manifest(
-            tmp,
-            stage=RUN,
-            inputs=[args.val, args.tests, *model_files(args.model)],
-            code=code_files(MODULE),
-            config=s,
-        )
+    write_rollout_stage(args.out, episodes, report, run=RUN, module=MODULE, args=args)
     if report.violations or report.completed != report.episodes:
         print(json.dumps(report.to_json(), indent=1), file=sys.stderr)  # the log keeps it all
         raise SystemExit(
