@@ -14,10 +14,11 @@ import torch
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from atlas.chat import CALL_CLOSE, CALL_OPEN, IM_END
 from atlas.config import ModelConfig
 from atlas.errors import InputError
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
-from atlas.model.tiny import CALL_CLOSE, CALL_OPEN, IM_END, build_model, build_tokenizer
+from atlas.model.tiny import build_model, build_tokenizer
 from atlas.stage import code_files, log, run, stage_parser
 
 STAGE = "model"

@@ -16,12 +16,9 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from atlas.chat import CALL_CLOSE, CALL_OPEN, IM_END, IM_START, PAD, RESPONSE_CLOSE, RESPONSE_OPEN
 from atlas.config import TinyModelConfig
 
-PAD = "<|endoftext|>"
-IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 # Control tokens are special (skipped when decoding); the tool tags are ordinary added tokens,
 # as in Qwen, so decoded text shows the call.
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]

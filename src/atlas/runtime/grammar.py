@@ -35,8 +35,8 @@ from xgrammar.structural_tag import (
     TokenFormat,
 )
 
+from atlas.chat import CALL_CLOSE, CALL_OPEN
 from atlas.config import ConfigError
-from atlas.model.tiny import CALL_CLOSE, CALL_OPEN
 from atlas.runtime.tools import Tool, call_prefix, token_bound
 
 RUN_CLASS = r"[ !#-\[\]-~]"  # printable ASCII without quote and backslash

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from atlas.chat import CALL_CLOSE, CALL_OPEN
 from atlas.config import RuntimeConfig
-from atlas.model.tiny import CALL_CLOSE, CALL_OPEN
 from atlas.runtime.engine import HFEngine, LogitBias
 from atlas.runtime.grammar import CallGrammars
 
