@@ -81,7 +81,7 @@ class HFEngine:
         self.top_p = top_p
         self.constrained = constrained  # False only for benchmarks and the naive-grammar ablation
         # Control tokens a generation may never hold (<|im_start|>, padding, ...): -inf always.
-        self.ban = torch.zeros(vocab_size)
+        self.ban = torch.zeros(vocab_size, device=self.device)  # made once, on the logits' device
         self.ban[list(banned_token_ids)] = float("-inf")
         self.batch_matcher = xgr.BatchGrammarMatcher()
         # transformers 5 renamed the KV cache argument and output from past_key_values to cache.
@@ -120,7 +120,7 @@ class HFEngine:
         while active:
             logits = logits / self.temperature
             if self.constrained:
-                logits += self.ban.to(logits.device)
+                logits += self.ban
             t0 = time.perf_counter()
             for i in active:
                 if requests[i].bias is not None:
