@@ -40,6 +40,7 @@ include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/model.smk"
 include: "rules/runtime.smk"
+include: "rules/training.smk"
 
 
 rule all:
@@ -49,3 +50,5 @@ rule all:
         MODEL_DIR,
         rules.smoke.output,
         rules.boundary.output,
+        expand("results/runs/{run}", run=TRAINING_RUNS),
+        rules.dose_step.output,

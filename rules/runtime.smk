@@ -9,12 +9,13 @@ rule smoke:
         directory("results/runs/smoke"),
     log:
         "results/logs/smoke.log",
+    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
     conda:
         "../envs/atlas.yaml"
     params:
         slice=stage_slice("smoke"),
     shell:
-        "python -m atlas.runtime.smoke --config-slice {params.slice:q} --val {input.val}"
+        "OMP_NUM_THREADS={threads} python -m atlas.runtime.smoke --config-slice {params.slice:q} --val {input.val}"
         " --tests {input.tests} --model {input.model} --out {output} > {log} 2>&1"
 
 
@@ -29,10 +30,11 @@ rule boundary:
         directory("results/runs/boundary"),
     log:
         "results/logs/boundary.log",
+    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
     conda:
         "../envs/atlas.yaml"
     params:
         slice=stage_slice("boundary"),
     shell:
-        "python -m atlas.runtime.boundary --config-slice {params.slice:q} --val {input.val}"
+        "OMP_NUM_THREADS={threads} python -m atlas.runtime.boundary --config-slice {params.slice:q} --val {input.val}"
         " --tests {input.tests} --model {input.model} --out {output} > {log} 2>&1"

@@ -46,13 +46,15 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
-def run_snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def run_snakemake(
+    workdir: Path, *args: str, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", *args],
         cwd=workdir,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
@@ -153,3 +155,28 @@ def data_dir(tmp_path_factory) -> Path:
             s["data"][source][split] = str(REPO / s["data"][source][split])
     prepare.main(["--config-slice", json.dumps(s), "--out", str(out)])
     return out
+
+
+@pytest.fixture(scope="session")
+def pipeline(tmp_path_factory) -> Path:
+    """A copy of the workflow after `snakemake --cores 2` of its default target (data, model,
+    smoke, boundary, the training runs, the dose step), run once per test session. Tests read it
+    and must not change it; copy it (`copy_pipeline`) to edit or rerun."""
+    wf = copy_workflow(tmp_path_factory.mktemp("pipeline"))
+    run_snakemake(wf, "--cores", "2", timeout=1800)
+    return wf
+
+
+def copy_pipeline(src: Path, dest: Path, *, drop: tuple[str, ...] = ()) -> Path:
+    """A copy of a finished workflow directory (results and Snakemake's metadata included, mtimes
+    kept), without the paths in `drop`."""
+    shutil.copytree(
+        src, dest, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True
+    )
+    for rel in drop:
+        target = dest / rel
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    return dest

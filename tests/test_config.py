@@ -58,6 +58,26 @@ def test_every_field_has_a_description():
             lambda c: c["schedule"].update(questions_per_stp=4),
             "schedule.questions_per_stp: Extra inputs are not permitted",
         ),
+        (
+            lambda c: c["training"]["runs"]["frozen_potential"].update(snapshot_of="nope"),
+            "runs.frozen_potential.snapshot_of: no run named 'nope'",
+        ),
+        (
+            lambda c: c["training"]["runs"]["training_smoke"].update(snapshot_of="frozen_potential"),
+            "runs.training_smoke.snapshot_of: the chain through 'training_smoke' is a cycle",
+        ),
+        (
+            lambda c: c["training"]["runs"]["zero_potential"].update(steps=9),
+            "training.runs.zero_potential.steps is 9 but schedule.steps is 4",
+        ),
+        (
+            lambda c: c["training"]["runs"]["zero_potential"].update(potential="critic_snapshot"),
+            "potential critic_snapshot needs snapshot_of",
+        ),
+        (
+            lambda c: c["training"]["ppo"].update(kl_mode="sometimes"),
+            "training.ppo.kl_mode: Input should be 'none', 'reward' or 'loss'",
+        ),
         (lambda c: c["data"]["gpqa"].pop("train"), "data.gpqa.train: Field required"),
         (
             lambda c: c["model"]["tiny"].update(num_key_value_heads=3),
@@ -88,6 +108,25 @@ def test_config_slices_hold_only_what_the_stage_reads():
     assert set(config_slice(cfg, "data")) == {"data", "schedule"}
     assert set(config_slice(cfg, "model")) == {"model"}
     assert config_slice(cfg, "data")["schedule"]["steps"] == cfg.schedule.steps
+
+
+def test_a_training_slice_holds_only_its_own_run():
+    raw = default_raw()
+    before = config_slice(parse_config(raw), "training", "zero_potential")
+    assert before["training"]["run"] == {
+        "name": "zero_potential",
+        "steps": 4,  # null in the config: the whole schedule
+        "potential": "zero",
+        "dose": 1.0,
+        "snapshot_of": None,
+        "snapshot_step": None,
+    }
+    assert "runs" not in before["training"] and "dose_step" not in before["training"]
+    raw["training"]["runs"]["frozen_potential"]["dose"] = 0.25
+    raw["training"]["dose_step"]["doses"] = [0.0, 2.0]
+    assert config_slice(parse_config(raw), "training", "zero_potential") == before
+    assert config_slice(parse_config(raw), "training", "frozen_potential")["training"]["run"]["dose"] == 0.25
+    assert config_slice(parse_config(raw), "dose_step")["training"]["run"]["doses"] == [0.0, 2.0]
 
 
 def dry_run_with(tmp_path, raw: dict) -> tuple[int, str]:

@@ -4,10 +4,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from atlas.config import GraderConfig, RuntimeConfig, TrainingConfig
+from atlas.config import GraderConfig, PPOConfig, RuntimeConfig, TrainingConfig
 from atlas.model.policy import ActorCritic
 from atlas.rl.potentials import make_potential
-from atlas.rl.ppo import PPOSettings, make_batch, ppo_update
+from atlas.rl.ppo import make_batch, ppo_update
 from atlas.rl.replay import replay_masks
 from atlas.rl.rewards import shape_episode
 from atlas.runtime.episode import EpisodeSpec, run_episodes
@@ -50,7 +50,7 @@ def test_mean_reward_rises_within_six_cpu_steps(tiny_model):
         means.append(sum(ep.score for ep in episodes) / len(episodes))
         rewards = [shape_episode(ep, zero, gamma=1.0, dose=0.0).token_rewards for ep in episodes]
         batch = make_batch(episodes, rewards, [replay_masks(ep, rt) for ep in episodes], tok.pad_token_id)
-        metrics = ppo_update(ac, batch, opts, PPOSettings(micro_batch_size=12))
+        metrics = ppo_update(ac, batch, opts, PPOConfig(micro_batch_size=12, kl_mode="none"))
         gaps.append(metrics["rollout/logprob_gap_max"])
     assert means[0] <= 0.5, means  # a random policy picks A about a quarter of the time
     assert sum(means[-2:]) / 2 >= 0.75, means

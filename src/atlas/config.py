@@ -12,6 +12,7 @@ JSON on its command line, so Snakemake reruns a stage exactly when that slice ch
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -130,8 +131,97 @@ class ModelConfig(_Strict):
         return self
 
 
+class PPOConfig(_Strict):
+    """The PPO update (names follow verl's actor/critic/algorithm keys where one exists)."""
+
+    gamma: float = Field(default=1.0, ge=0, le=1, description="Discount per sampled token (GAE gamma).")
+    lam: float = Field(default=1.0, ge=0, le=1, description="GAE lambda.")
+    clip_ratio_low: float = Field(default=0.2, gt=0, lt=1, description="Lower PPO clip: ratio >= 1 - low.")
+    clip_ratio_high: float = Field(
+        default=0.28, gt=0, description="Upper PPO clip: ratio <= 1 + high (asymmetric when != low)."
+    )
+    clip_ratio_c: float = Field(
+        default=3.0, gt=1, description="Dual clip: a negative-advantage loss is capped at c * |A|."
+    )
+    cliprange_value: float = Field(default=0.5, gt=0, description="Clip of the new value around the old.")
+    kl_mode: Literal["none", "reward", "loss"] = Field(
+        default="loss",
+        description="KL to the reference: none; 'reward' subtracts kl_coef * KL from each sampled "
+        "token's reward (verl use_kl_in_reward); 'loss' adds kl_coef * KL to the actor loss "
+        "(verl use_kl_loss).",
+    )
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = Field(
+        default="k3", description="KL estimator: k1 = log-ratio, k2 = half squared, k3 = low-variance."
+    )
+    kl_coef: float = Field(default=0.001, ge=0, description="KL coefficient (beta).")
+    entropy_coef: float = Field(default=0.0, ge=0, description="Entropy bonus coefficient of the actor.")
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = Field(default="token-mean", description="How token losses reduce to one number (verl's modes).")
+    epochs: int = Field(default=1, ge=1, description="Passes over the step's batch (ppo_epochs).")
+    mini_batches: int = Field(default=1, ge=1, description="Optimizer steps per epoch (mini-batches).")
+    micro_batch_size: int = Field(
+        default=8, ge=1, description="Trajectories per forward/backward; gradients accumulate."
+    )
+    grad_clip: float = Field(default=1.0, gt=0, description="Max global grad norm per optimizer step.")
+    actor_lr: float = Field(default=1e-6, gt=0, description="AdamW learning rate of the actor LoRA.")
+    critic_lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate of the critic LoRA + head.")
+    weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear LR warm-up, in optimizer steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="constant", description="LR after warm-up: constant, or cosine down to min_lr_ratio."
+    )
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="Floor of the cosine schedule.")
+    whiten_advantages: bool = Field(default=True, description="Whiten advantages over the batch (verl).")
+
+
+RUN_NAME = r"^[a-z][a-z0-9_]*$"
+
+
+class RunConfig(_Strict):
+    """One training run (an arm of the study, or the training smoke)."""
+
+    steps: int | None = Field(
+        default=None, ge=1, description="Steps of the ordered schedule to train on; null = schedule.steps."
+    )
+    potential: str = Field(default="zero", description="Shaping potential: zero | critic_snapshot | ...")
+    dose: float = Field(default=1.0, ge=0, description="Scale of the shaping terms.")
+    snapshot_of: str | None = Field(
+        default=None,
+        description="For critic_snapshot: the run whose checkpointed critic is frozen as Phi.",
+    )
+    snapshot_step: int | None = Field(
+        default=None, ge=1, description="That run's checkpoint step; null = its last."
+    )
+
+    @model_validator(mode="after")
+    def _snapshot_named(self) -> RunConfig:
+        if self.potential == "critic_snapshot" and self.snapshot_of is None:
+            raise ValueError("potential critic_snapshot needs snapshot_of (a run name)")
+        return self
+
+
+class DoseStepConfig(_Strict):
+    """One step from the same start at several doses, on identical rollouts."""
+
+    doses: list[float] = Field(default=[0.0, 0.5, 1.0], min_length=2, description="Doses compared.")
+    potential: str = Field(default="critic_snapshot", description="The potential being dosed.")
+    snapshot_of: str | None = Field(default="training_smoke", description="See RunConfig.snapshot_of.")
+    snapshot_step: int | None = Field(default=None, ge=1, description="See RunConfig.snapshot_step.")
+
+
+def _default_runs() -> dict[str, RunConfig]:
+    return {
+        "training_smoke": RunConfig(steps=2, potential="zero", dose=0.0),
+        "zero_potential": RunConfig(potential="zero", dose=1.0),
+        "frozen_potential": RunConfig(potential="critic_snapshot", dose=1.0, snapshot_of="training_smoke"),
+    }
+
+
 class TrainingConfig(_Strict):
-    """Training shape. The PPO settings arrive with the training stage."""
+    """Training: the engine, the policy's adapters, PPO, the runs and what they write."""
 
     engine: Literal["local", "verl"] = Field(
         default="local",
@@ -149,6 +239,47 @@ class TrainingConfig(_Strict):
         description="Modules the adapters wrap: 'all-linear' (every linear layer but the output head) "
         "or a list of module names.",
     )
+    ppo: PPOConfig = Field(default_factory=PPOConfig, description="The PPO update.")
+    resume_mode: Literal["auto", "disable"] = Field(
+        default="auto",
+        description="auto: continue from the latest complete checkpoint of the same run and config; "
+        "disable: start from step 0 (the run's old checkpoints are removed).",
+    )
+    checkpoint_every: int = Field(default=1, ge=1, description="Save a compact checkpoint every k steps.")
+    validation_every: int = Field(
+        default=2, ge=1, description="Validate every k steps (and before the first and after the last)."
+    )
+    validation_questions: int | None = Field(
+        default=None, ge=2, description="Validation questions per periodic validation; null = all."
+    )
+    validation_samples: int = Field(default=1, ge=1, description="Episodes per validation question.")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        default="offline", description="wandb mode; offline logs land in the run folder's wandb/."
+    )
+    wandb_project: str = Field(default="atlas", description="wandb project name.")
+    runs: dict[str, RunConfig] = Field(
+        default_factory=_default_runs,
+        description="Training runs by name (results/runs/<name>/): the training smoke and the arms.",
+    )
+    dose_step: DoseStepConfig = Field(default_factory=DoseStepConfig, description="The dose step stage.")
+
+    @model_validator(mode="after")
+    def _runs_consistent(self) -> TrainingConfig:
+        for name, run in self.runs.items():
+            if not re.match(RUN_NAME, name) or name == "dose_step":
+                raise ValueError(f"run name {name!r}: expected {RUN_NAME} and not 'dose_step'")
+            if run.snapshot_of is not None and run.snapshot_of not in self.runs:
+                raise ValueError(f"runs.{name}.snapshot_of: no run named {run.snapshot_of!r}")
+            seen, at = {name}, run.snapshot_of
+            while at is not None:  # a snapshot chain must end: a -> b -> a cannot be built
+                if at in seen:
+                    raise ValueError(f"runs.{name}.snapshot_of: the chain through {at!r} is a cycle")
+                seen.add(at)
+                at = self.runs[at].snapshot_of
+        snap = self.dose_step.snapshot_of
+        if snap is not None and snap not in self.runs:
+            raise ValueError(f"dose_step.snapshot_of: no run named {snap!r}")
+        return self
 
 
 class RuntimeConfig(_Strict):
@@ -257,6 +388,20 @@ class AtlasConfig(_Strict):
     training: TrainingConfig = Field(description="Training shape.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Compute per job.")
 
+    @model_validator(mode="after")
+    def _runs_fit_schedule(self) -> AtlasConfig:
+        for name, run in self.training.runs.items():
+            if run.steps is not None and run.steps > self.schedule.steps:
+                raise ValueError(
+                    f"training.runs.{name}.steps is {run.steps} but schedule.steps is "
+                    f"{self.schedule.steps}; a run trains on steps of the ordered schedule"
+                )
+        return self
+
+    def run_steps(self, run: str) -> int:
+        steps = self.training.runs[run].steps
+        return self.schedule.steps if steps is None else steps
+
 
 class ConfigError(InputError):
     """A config that does not satisfy the models; the message names every bad key path."""
@@ -304,11 +449,26 @@ STAGE_SLICES: dict[str, tuple[str, ...]] = {
     "model": ("model",),
     "smoke": ("seed", "runtime", "graders", "smoke", "resources"),
     "boundary": ("seed", "runtime", "graders", "resources"),
+    "training": ("seed", "schedule", "runtime", "graders", "training", "resources"),
+    "dose_step": ("seed", "schedule", "runtime", "graders", "training", "resources"),
 }
 
 
-def config_slice(config: AtlasConfig | dict[str, Any], stage: str) -> dict[str, Any]:
+def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | None = None) -> dict[str, Any]:
+    """The keys `stage` reads. A training stage reads only its own run's entry of training.runs
+    (so editing one arm leaves the others alone), plus `steps` resolved from the schedule."""
     if not isinstance(config, AtlasConfig):
         config = parse_config(config)
     dumped = config.model_dump(mode="json")
-    return {key: dumped[key] for key in STAGE_SLICES[stage]}
+    out = {key: dumped[key] for key in STAGE_SLICES[stage]}
+    if stage in ("training", "dose_step"):
+        training = dict(out["training"])
+        runs, dose = training.pop("runs"), training.pop("dose_step")
+        if stage == "training":
+            if run not in runs:
+                raise KeyError(f"no training run {run!r}; configured: {sorted(runs)}")
+            training["run"] = {**runs[run], "name": run, "steps": config.run_steps(run)}
+        else:
+            training["run"] = {**dose, "name": "dose_step"}
+        out["training"] = training
+    return out

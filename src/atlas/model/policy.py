@@ -42,8 +42,10 @@ class ActorCritic(nn.Module):
         torch.manual_seed(seed)  # LoRA A matrices and the head are random: fix them
         for p in base.parameters():
             p.requires_grad_(False)
-        self.peft = get_peft_model(base, lora_config(training), adapter_name="actor")
+        self._lora = lora_config(training)
+        self.peft = get_peft_model(base, self._lora, adapter_name="actor")
         self.peft.add_adapter("critic", lora_config(training))
+        self.frozen_heads = nn.ModuleDict()  # value heads of frozen critic snapshots, by adapter name
         hidden = base.config.hidden_size
         self.value_head = nn.Linear(hidden, 1, dtype=torch.float32)
         nn.init.normal_(self.value_head.weight, std=1.0 / (hidden + 1) ** 0.5)
@@ -80,6 +82,46 @@ class ActorCritic(nn.Module):
         if role == "critic":
             out.update({f"value_head.{n}": p for n, p in self.value_head.named_parameters()})
         return out
+
+    def add_frozen_critic(self, name: str, critic: dict[str, torch.Tensor]) -> None:
+        """Load a saved critic (a compact checkpoint's critic tensors) as a third, frozen adapter.
+
+        The snapshot shares the base weights, like the reference; no optimizer ever sees it."""
+        if name in ROLES or any(role in name for role in ROLES):
+            raise ValueError(f"frozen critic name {name!r} must not contain {ROLES}")
+        self.peft.add_adapter(name, self._lora)
+        self._use("critic")
+        own = self.trainable("critic")
+        if set(critic) != set(own):
+            missing, extra = sorted(set(own) - set(critic)), sorted(set(critic) - set(own))
+            raise ValueError(f"critic snapshot tensors: missing {missing[:3]}, unexpected {extra[:3]}")
+        head = nn.Linear(self.value_head.in_features, 1, dtype=torch.float32)
+        with torch.no_grad():
+            params = dict(self.peft.named_parameters())
+            for key, value in critic.items():
+                if key.startswith("value_head."):
+                    getattr(head, key.removeprefix("value_head.")).copy_(value)
+                else:
+                    params[key.replace(".critic.", f".{name}.")].copy_(value)
+        head.requires_grad_(False)
+        self.frozen_heads[name] = head
+        self._use("actor")  # set_adapter also settles requires_grad: only the active adapter's
+
+    def frozen_values(
+        self, name: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """V(s_t) of the frozen critic `name` at every position, without gradients."""
+        with torch.no_grad(), self.role_adapter(name):
+            out = self.peft(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+            return self.frozen_heads[name](out.hidden_states[-1].float()).squeeze(-1)
+
+    @contextlib.contextmanager
+    def role_adapter(self, name: str):
+        self.peft.set_adapter(name)
+        try:
+            yield
+        finally:
+            self._use("actor")
 
     def base_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         return ((n, p) for n, p in self.peft.named_parameters() if "lora_" not in n)

@@ -7,8 +7,9 @@ shaping in rewards.py supplies that, so a potential never returns it.
 
 The arms of the study pick a potential by name from a registry:
     "zero"  Phi = 0 everywhere: the control arm; shaping terms are all 0.
-Others plug in with `@register_potential(name)` on a factory (a class or a function) whose
-keyword arguments come from the config. The frozen-potential arm (for example a frozen critic
+Others plug in with `@register_potential(name)` on a factory (a class or a function). The
+trainer calls every factory with the same keyword context (model: the ActorCritic; run_folder
+and step: the snapshot run named in the config, or None) and a factory takes what it needs. The frozen-potential arm (for example a frozen critic
 snapshot: Phi(s_k) = V_frozen at the token before generation k) needs a model, so it registers
 itself from the module that loads that model; this module stays engine-free and holds no stub
 for it. `make_potential` names the registered potentials when asked for an unknown one.
@@ -71,8 +72,14 @@ def registered_potentials() -> list[str]:
 class ZeroPotential:
     """Phi = 0 for every state: the control arm. Every shaping term is then exactly 0."""
 
+    def __init__(self, **_context: Any):  # needs nothing from the trainer's context
+        pass
+
     def __call__(self, episode: EpisodeLike) -> list[float]:
         return [0.0] * len(episode.records)
+
+    def __repr__(self) -> str:
+        return "ZeroPotential()"
 
 
 def evaluate_potential(potential: Potential, episode: EpisodeLike) -> list[float]:

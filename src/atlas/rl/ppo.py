@@ -15,33 +15,18 @@ tokens, prompt and tool output never enter a loss. V[:, t] is the critic's value
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from atlas.config import PPOConfig
 from atlas.model.policy import ActorCritic
 from atlas.rl.advantages import gae_over_sampled_batch
 from atlas.rl.losses import entropy_from_logits, kl_penalty, masked_mean, policy_loss, value_loss
 from atlas.rl.replay import ReplayedMasks, masked_logprobs
-
-
-@dataclass(frozen=True)
-class PPOSettings:
-    gamma: float = 1.0
-    lam: float = 1.0
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    clip_ratio_c: float = 3.0
-    cliprange_value: float = 0.5
-    kl_kind: str = "k3"
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    loss_agg_mode: str = "token-mean"
-    mini_batches: int = 1
-    micro_batch_size: int = 8
-    grad_clip: float = 1.0
-    whiten_advantages: bool = True
-    temperature: float = 1.0
 
 
 @dataclass
@@ -101,93 +86,209 @@ def _micro(indices: list[int], size: int) -> list[list[int]]:
     return [indices[i : i + size] for i in range(0, len(indices), size)]
 
 
+def make_optimizers(ac: ActorCritic, ppo: PPOConfig) -> dict[str, torch.optim.Optimizer]:
+    """AdamW per role over exactly the tensors a compact checkpoint holds, in name order."""
+    lrs = {"actor": ppo.actor_lr, "critic": ppo.critic_lr}
+    return {
+        role: torch.optim.AdamW(
+            [p for _, p in sorted(ac.trainable(role).items())],
+            lr=lrs[role],
+            betas=ppo.betas,
+            eps=ppo.eps,
+            weight_decay=ppo.weight_decay,
+        )
+        for role in ("actor", "critic")
+    }
+
+
+def lr_factor(ppo: PPOConfig, total_updates: int) -> Callable[[int], float]:
+    """LR multiplier after `k` optimizer steps: linear warm-up, then constant or cosine."""
+
+    def factor(k: int) -> float:
+        if k < ppo.warmup_steps:
+            return (k + 1) / (ppo.warmup_steps + 1)
+        if ppo.lr_schedule == "constant":
+            return 1.0
+        span = max(1, total_updates - ppo.warmup_steps)
+        progress = min(1.0, (k - ppo.warmup_steps) / span)
+        return ppo.min_lr_ratio + (1 - ppo.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def make_schedulers(
+    optimizers: dict[str, torch.optim.Optimizer], ppo: PPOConfig, steps: int
+) -> dict[str, torch.optim.lr_scheduler.LambdaLR]:
+    total = steps * ppo.epochs * ppo.mini_batches
+    return {
+        role: torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(ppo, total))
+        for role, opt in optimizers.items()
+    }
+
+
+def _stats(name: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    on = x[mask.bool()]
+    if on.numel() == 0:
+        return {f"{name}/mean": 0.0, f"{name}/max": 0.0, f"{name}/min": 0.0}
+    return {f"{name}/mean": on.mean().item(), f"{name}/max": on.max().item(), f"{name}/min": on.min().item()}
+
+
+@dataclass
+class Prepared:
+    """Everything the updates need that does not change during them (no gradients)."""
+
+    old_logprobs: torch.Tensor  # [B, T] actor, under the replayed masks
+    ref_logprobs: torch.Tensor  # [B, T] reference (adapters off), same masks
+    values: torch.Tensor  # [B, T] critic: V of the state before token t; 0 off the mask
+    rewards: torch.Tensor  # [B, T] the batch's rewards, minus the KL penalty with kl_mode: reward
+    advantages: torch.Tensor  # [B, T] GAE (whitened if configured); 0 off the mask
+    returns: torch.Tensor  # [B, T]
+    metrics: dict[str, float]
+
+
+def prepare(ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -> Prepared:
+    """Old log-probs, reference log-probs and values in micro-batches, then GAE."""
+    n, mask = batch.input_ids.shape[0], batch.sampled
+    chunks = _micro(list(range(n)), ppo.micro_batch_size)
+    metrics: dict[str, float] = {}
+    old_lp, ref_lp, values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
+    with torch.no_grad():
+        t = time.perf_counter()
+        for idx in chunks:
+            sub = batch.rows(idx)
+            old_lp[idx] = token_logprobs(ac.actor_logits(sub.input_ids, sub.attention), sub, temperature)
+        metrics["timing_s/old_log_prob"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if ppo.kl_mode != "none":
+            for idx in chunks:
+                sub = batch.rows(idx)
+                ref_lp[idx] = token_logprobs(
+                    ac.reference_logits(sub.input_ids, sub.attention), sub, temperature
+                )
+        metrics["timing_s/ref"] = time.perf_counter() - t
+        t = time.perf_counter()
+        for idx in chunks:
+            values[idx] = aligned_values(ac, batch.rows(idx))
+        values = values * mask
+        metrics["timing_s/values"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        rewards = batch.rewards
+        if ppo.kl_mode == "reward":  # verl's apply_kl_penalty: every sampled token pays beta * KL
+            kl = kl_penalty(old_lp, ref_lp, ppo.kl_kind) * mask
+            rewards = rewards - ppo.kl_coef * kl
+            metrics["actor/reward_kl_penalty"] = masked_mean(kl, mask).item()
+            metrics["actor/reward_kl_penalty_coeff"] = ppo.kl_coef
+        advantages, returns = gae_over_sampled_batch(
+            rewards, values, mask, ppo.gamma, ppo.lam, whiten=ppo.whiten_advantages
+        )
+        metrics["timing_s/adv"] = time.perf_counter() - t
+
+    gap = (old_lp - batch.rollout_logprobs).abs() * mask
+    metrics["rollout/logprob_gap_max"] = gap.max().item()
+    metrics["rollout/logprob_gap_mean"] = masked_mean(gap, mask).item()
+    for name, x in (
+        ("critic/advantages", advantages),
+        ("critic/returns", returns),
+        ("critic/values", values),
+    ):
+        metrics.update(_stats(name, x, mask))
+    rows = torch.ones(n, 1)
+    metrics.update(_stats("critic/rewards", rewards.sum(-1, keepdim=True), rows))
+    on = mask.bool()
+    residual = (returns - values)[on]
+    var_returns = returns[on].var() if on.sum() > 1 else torch.tensor(0.0)
+    explained = 1 - residual.var() / var_returns if var_returns > 0 else torch.tensor(0.0)
+    metrics["critic/vf_explained_var"] = explained.item()
+    return Prepared(old_lp, ref_lp, values, rewards, advantages, returns, metrics)
+
+
+def _role_loss(role, ac, sub, idx, prep: Prepared, ppo: PPOConfig, temperature: float):
+    mask = sub.sampled
+    if role == "critic":
+        vpred = aligned_values(ac, sub)
+        out = value_loss(
+            vpred, prep.values[idx], prep.returns[idx], mask, ppo.cliprange_value, agg=ppo.loss_agg_mode
+        )
+        return out["critic/vf_loss"], out
+    logits = ac.actor_logits(sub.input_ids, sub.attention)
+    lp = token_logprobs(logits, sub, temperature)
+    out = policy_loss(
+        lp,
+        prep.old_logprobs[idx],
+        prep.advantages[idx],
+        mask,
+        ppo.clip_ratio_low,
+        ppo.clip_ratio_high,
+        ppo.clip_ratio_c,
+        agg=ppo.loss_agg_mode,
+    )
+    loss = out["actor/pg_loss"]
+    if ppo.kl_mode == "loss":
+        kl = masked_mean(kl_penalty(lp, prep.ref_logprobs[idx], ppo.kl_kind), mask)
+        loss = loss + ppo.kl_coef * kl
+        out["actor/kl_loss"], out["actor/kl_coef"] = kl, ppo.kl_coef
+    if ppo.entropy_coef:  # entropy of the raw (unmasked) next-token distribution
+        ent = entropy_from_logits(logits[:, :-1]).float()
+        ent = masked_mean(torch.cat([torch.zeros_like(ent[:, :1]), ent], 1), mask)
+        loss = loss - ppo.entropy_coef * ent
+        out["actor/entropy"] = ent
+    return loss, out
+
+
+def update(
+    ac: ActorCritic,
+    batch: Batch,
+    prep: Prepared,
+    optimizers: dict[str, torch.optim.Optimizer],
+    schedulers: dict[str, torch.optim.lr_scheduler.LRScheduler] | None,
+    ppo: PPOConfig,
+    temperature: float,
+) -> dict[str, float]:
+    """The critic update, then the actor update: `epochs` passes of `mini_batches` optimizer steps,
+    each accumulating micro-batch gradients weighted by their share of the mini-batch's tokens."""
+    n, mask = batch.input_ids.shape[0], batch.sampled
+    mini = -(-n // ppo.mini_batches)
+    metrics: dict[str, float] = {}
+    for role in ("critic", "actor"):
+        t = time.perf_counter()
+        params = list(ac.trainable(role).values())
+        opt = optimizers[role]
+        sums: dict[str, float] = {}
+        count = 0
+        metrics[f"{role}/lr"] = opt.param_groups[0]["lr"]
+        for _ in range(ppo.epochs):
+            for start in range(0, n, mini):
+                rows = list(range(start, min(n, start + mini)))
+                opt.zero_grad(set_to_none=True)
+                tokens = mask[rows].sum().clamp(min=1)
+                for idx in _micro(rows, ppo.micro_batch_size):
+                    sub = batch.rows(idx)
+                    weight = (mask[idx].sum() / tokens).item()  # token share of the mini-batch
+                    with ac.role(role):
+                        loss, out = _role_loss(role, ac, sub, idx, prep, ppo, temperature)
+                    (loss * weight).backward()
+                    for k, v in out.items():
+                        sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).detach()) * weight
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, ppo.grad_clip)
+                opt.step()
+                if schedulers is not None:
+                    schedulers[role].step()
+                sums[f"{role}/grad_norm"] = sums.get(f"{role}/grad_norm", 0.0) + grad_norm.item()
+                count += 1
+        metrics.update({k: v / count for k, v in sums.items()})
+        metrics[f"timing_s/update_{role}"] = time.perf_counter() - t
+    return metrics
+
+
 def ppo_update(
     ac: ActorCritic,
     batch: Batch,
     optimizers: dict[str, torch.optim.Optimizer],
-    settings: PPOSettings,
+    ppo: PPOConfig,
+    temperature: float = 1.0,
+    schedulers: dict | None = None,
 ) -> dict[str, float]:
-    n = batch.input_ids.shape[0]
-    metrics: dict[str, float] = {}
-    mask = batch.sampled
-
-    # No-grad passes: old log-probs (actor), reference log-probs, values.
-    with torch.no_grad():
-        old_lp, ref_lp, values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
-        for idx in _micro(list(range(n)), settings.micro_batch_size):
-            sub = batch.rows(idx)
-            old_lp[idx] = token_logprobs(
-                ac.actor_logits(sub.input_ids, sub.attention), sub, settings.temperature
-            )
-            ref_lp[idx] = token_logprobs(
-                ac.reference_logits(sub.input_ids, sub.attention), sub, settings.temperature
-            )
-            values[idx] = aligned_values(ac, sub)
-        values = values * mask
-        advantages, returns = gae_over_sampled_batch(
-            batch.rewards, values, mask, settings.gamma, settings.lam, whiten=settings.whiten_advantages
-        )
-    gap = ((old_lp - batch.rollout_logprobs).abs() * mask).max().item()
-    metrics["rollout/logprob_gap_max"] = gap
-    metrics["critic/advantages/mean"] = masked_mean(advantages, mask).item()
-    metrics["critic/returns/mean"] = masked_mean(returns, mask).item()
-    metrics["critic/values/mean"] = masked_mean(values, mask).item()
-    metrics["critic/rewards/mean"] = (batch.rewards.sum(-1)).mean().item()
-
-    order = list(range(n))
-    mini = max(1, n // settings.mini_batches)
-    for role in ("critic", "actor"):
-        params = list(ac.trainable(role).values())
-        opt = optimizers[role]
-        sums: dict[str, float] = {}
-        for start in range(0, n, mini):
-            rows = order[start : start + mini]
-            opt.zero_grad(set_to_none=True)
-            tokens = mask[rows].sum()
-            for idx in _micro(rows, settings.micro_batch_size):
-                sub = batch.rows(idx)
-                weight = (mask[idx].sum() / tokens).item()  # token-mean over the mini-batch
-                with ac.role(role):
-                    if role == "critic":
-                        vpred = aligned_values(ac, sub)
-                        out = value_loss(
-                            vpred,
-                            values[idx],
-                            returns[idx],
-                            mask[idx],
-                            settings.cliprange_value,
-                            agg=settings.loss_agg_mode,
-                        )
-                        loss = out["critic/vf_loss"]
-                    else:
-                        logits = ac.actor_logits(sub.input_ids, sub.attention)
-                        lp = token_logprobs(logits, sub, settings.temperature)
-                        out = policy_loss(
-                            lp,
-                            old_lp[idx],
-                            advantages[idx],
-                            mask[idx],
-                            settings.clip_low,
-                            settings.clip_high,
-                            settings.clip_ratio_c,
-                            agg=settings.loss_agg_mode,
-                        )
-                        loss = out["actor/pg_loss"]
-                        if settings.kl_coef:
-                            kl = masked_mean(kl_penalty(lp, ref_lp[idx], settings.kl_kind), mask[idx])
-                            loss = loss + settings.kl_coef * kl
-                            out["actor/kl_loss"] = kl
-                        if settings.entropy_coef:  # entropy of the raw (unmasked) next-token distribution
-                            ent = entropy_from_logits(logits[:, :-1]).float()
-                            ent = masked_mean(torch.cat([torch.zeros_like(ent[:, :1]), ent], 1), mask[idx])
-                            loss = loss - settings.entropy_coef * ent
-                            out["actor/entropy"] = ent
-                (loss * weight).backward()
-                for k, v in out.items():
-                    sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).detach()) * weight
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-            opt.step()
-            sums[f"{role}/grad_norm"] = sums.get(f"{role}/grad_norm", 0.0) + grad_norm.item()
-        batches = -(-n // mini)
-        metrics.update({k: v / batches for k, v in sums.items()})
-    return metrics
+    """prepare + update, for callers that do not look between them."""
+    prep = prepare(ac, batch, ppo, temperature)
+    return {**prep.metrics, **update(ac, batch, prep, optimizers, schedulers, ppo, temperature)}

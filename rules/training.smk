@@ -1,0 +1,69 @@
+# Training runs (the training smoke and the arms) and the dose step. Each run is its own job, so
+# one arm rebuilds alone; its checkpoints live in results/checkpoints/<run>/, outside the declared
+# output, where a rerun of an interrupted job finds them (resume_mode: auto).
+
+TRAINING_RUNS = sorted(ATLAS.training.runs)
+
+
+def snapshot_folder(snapshot_of):
+    return [] if snapshot_of is None else [f"results/runs/{snapshot_of}"]
+
+
+def snapshot_arg(snapshot_of):
+    return "" if snapshot_of is None else f"--snapshot results/runs/{snapshot_of}"
+
+
+rule train:
+    """PPO on the ordered schedule for one run: records, step metrics, call advantages, wandb."""
+    input:
+        train=rules.prepare_data.output.train,
+        val=rules.prepare_data.output.val,
+        tests=rules.prepare_data.output.tests,
+        model=MODEL_DIR,
+        snapshot=lambda wc: snapshot_folder(ATLAS.training.runs[wc.run].snapshot_of),
+        code=code("atlas.rl.train"),
+    output:
+        directory("results/runs/{run}"),
+    wildcard_constraints:
+        run="|".join(TRAINING_RUNS),
+    log:
+        "results/logs/train_{run}.log",
+    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
+    conda:
+        "../envs/atlas.yaml"
+    resources:
+        gpu=ATLAS.resources.gpus,
+    params:
+        slice=lambda wc: canonical_json(config_slice(ATLAS, "training", wc.run)),
+        snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
+    shell:
+        "OMP_NUM_THREADS={threads} python -m atlas.rl.train --config-slice {params.slice:q} --train {input.train}"
+        " --val {input.val} --tests {input.tests} --model {input.model} {params.snapshot}"
+        " --checkpoints results/checkpoints/{wildcards.run} --out {output} > {log} 2>&1"
+
+
+rule dose_step:
+    """One step from the same start at each dose, on identical rollouts."""
+    input:
+        train=rules.prepare_data.output.train,
+        val=rules.prepare_data.output.val,
+        tests=rules.prepare_data.output.tests,
+        model=MODEL_DIR,
+        snapshot=snapshot_folder(ATLAS.training.dose_step.snapshot_of),
+        code=code("atlas.rl.dose"),
+    output:
+        directory("results/runs/dose_step"),
+    log:
+        "results/logs/dose_step.log",
+    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
+    conda:
+        "../envs/atlas.yaml"
+    resources:
+        gpu=ATLAS.resources.gpus,
+    params:
+        slice=stage_slice("dose_step"),
+        snapshot=snapshot_arg(ATLAS.training.dose_step.snapshot_of),
+    shell:
+        "OMP_NUM_THREADS={threads} python -m atlas.rl.dose --config-slice {params.slice:q} --train {input.train}"
+        " --val {input.val} --tests {input.tests} --model {input.model} {params.snapshot}"
+        " --out {output} > {log} 2>&1"

@@ -1,0 +1,173 @@
+"""Where a training run keeps its work while it runs, and how the finished run folder is built.
+
+    results/checkpoints/<run>/          not a declared output: a rerun of an interrupted job finds it
+        fingerprint.json                config slice + input hashes the work below was made with
+        step_<k>/                       compact checkpoints (atlas.rl.checkpoint), k = steps done
+        journal/step_<k>/               step k's rollouts: records.parquet, trajectories.parquet,
+                                        protocol.json (written before the update), then
+                                        metrics.json and call_advantages.parquet (after it)
+        journal/val_<k>/                validation after k steps: records, trajectories,
+                                        protocol.json, validation.json
+        wandb/                          the live wandb log
+
+    results/runs/<run>/                 the declared output, written at the end, all at once:
+        records.parquet, trajectories.parquet   train and validation phases together
+        step_metrics.parquet            one row per step (verl metric names; timing_s/*, perf/*)
+        call_advantages.parquet         per step, turn and tool
+        validation.parquet              per validation point and source: the arm's curve
+        protocol.json                   counts over every train and validation episode
+        checkpoints.json                every checkpoint's path and file hashes
+        adapters/{actor,critic}/        the final policy as PEFT adapters (+ the value head)
+        run.json, wandb/, MANIFEST.json
+
+A fingerprint that differs from the current one (other config or inputs) means the work there is
+not this run's: it is moved aside to <run>.stale-<hash>, never deleted, and the run starts over.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from atlas.hashing import MANIFEST, atomic_dir, atomic_write_json, canonical_json, sha256_bytes
+from atlas.runtime.records import RECORD_SCHEMA, TRAJECTORY_SCHEMA
+from atlas.runtime.runfolder import write_rollouts
+from atlas.stage import log
+
+FINGERPRINT = "fingerprint.json"
+
+
+def open_root(root: Path, fingerprint: dict[str, Any], resume_mode: str, run: str) -> None:
+    """Prepare the run's working folder: keep it (same fingerprint), or move it aside."""
+    digest = sha256_bytes(canonical_json(fingerprint).encode())
+    path = root / FINGERPRINT
+    if root.exists() and resume_mode == "disable":
+        log(run, "resume_mode disable: removing earlier work", folder=root)
+        shutil.rmtree(root)
+    elif path.is_file():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if old.get("sha256") != digest:
+            aside = root.with_name(f"{root.name}.stale-{old.get('sha256', 'unknown')[:12]}")
+            if aside.exists():
+                shutil.rmtree(aside)
+            root.rename(aside)
+            log(run, "earlier work was made with another config or inputs; moved aside", to=aside)
+    elif root.exists() and any(root.iterdir()):
+        aside = root.with_name(f"{root.name}.stale-unfingerprinted")
+        if aside.exists():
+            shutil.rmtree(aside)
+        root.rename(aside)
+        log(run, "earlier work has no fingerprint; moved aside", to=aside)
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"sha256": digest, **fingerprint})
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / "journal" / f"step_{step}"
+
+
+def val_dir(root: Path, completed: int) -> Path:
+    return root / "journal" / f"val_{completed}"
+
+
+def write_step_rollouts(root: Path, step: int, episodes, report, *, run: str) -> None:
+    folder = step_dir(root, step)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_rollouts(folder, episodes, report, run=run, step=step, phase="train")
+
+
+def write_step_results(root: Path, step: int, metrics: dict[str, float], call_rows: list[dict]) -> None:
+    folder = step_dir(root, step)
+    atomic_write_json(folder / "metrics.json", metrics)
+    write_table(folder / "call_advantages.parquet", call_rows)
+
+
+def write_validation(root: Path, completed: int, episodes, report, rows: list[dict], *, run: str) -> None:
+    folder = val_dir(root, completed)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_rollouts(folder, episodes, report, run=run, step=completed, phase="val")
+    atomic_write_json(folder / "validation.json", rows)
+
+
+def write_table(path: Path, rows: list[dict]) -> None:
+    from atlas.hashing import atomic_path
+
+    with atomic_path(path) as tmp:
+        pl.DataFrame(rows).write_parquet(tmp, compression="zstd")
+
+
+def _concat(paths: list[Path], schema: pa.Schema) -> pa.Table:
+    tables = [pq.read_table(p).cast(schema) for p in paths]
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def _protocol_totals(paths: list[Path]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    rows: list[dict] = []
+    for p in paths:
+        one = json.loads(p.read_text(encoding="utf-8"))
+        for k, v in one.items():
+            if isinstance(v, int) and not isinstance(v, bool):
+                total[k] = total.get(k, 0) + v
+        rows.extend(one.get("violation_rows", []))
+    return {**total, "violation_rows": rows}
+
+
+def checkpoint_index(root: Path, steps: list[int]) -> dict[str, Any]:
+    """Each checkpoint's folder and its MANIFEST's file hashes (what a snapshot reader verifies)."""
+    out = []
+    for k in steps:
+        manifest = json.loads((root / f"step_{k}" / MANIFEST).read_text(encoding="utf-8"))
+        out.append({"step": k, "path": (root / f"step_{k}").as_posix(), "files": manifest["files"]})
+    return {"checkpoints": out}
+
+
+def assemble(
+    out: Path,
+    root: Path,
+    *,
+    run: str,
+    steps: int,
+    validated: list[int],
+    checkpoints: list[int],
+    run_info: dict[str, Any],
+    export,
+    manifest: dict[str, Any],
+) -> None:
+    """Build results/runs/<run>/ from the journal, atomically. `export(folder)` writes adapters/."""
+    from atlas.hashing import write_manifest
+    from atlas.rl.tracking import copy_logs
+
+    train = [step_dir(root, k) for k in range(steps)]
+    val = [val_dir(root, k) for k in validated]
+    with atomic_dir(out) as tmp:
+        for name, schema in (("records.parquet", RECORD_SCHEMA), ("trajectories.parquet", TRAJECTORY_SCHEMA)):
+            table = _concat([d / name for d in (*train, *val)], schema)
+            pq.write_table(table, tmp / name, compression="zstd")
+        metrics = [
+            {"run": run, "step": k, **json.loads((d / "metrics.json").read_text())}
+            for k, d in enumerate(train)
+        ]
+        pl.DataFrame(metrics).write_parquet(tmp / "step_metrics.parquet", compression="zstd")
+        calls = pl.concat([pl.read_parquet(d / "call_advantages.parquet") for d in train], how="diagonal")
+        calls.write_parquet(tmp / "call_advantages.parquet", compression="zstd")
+        curve = [row for d in val for row in json.loads((d / "validation.json").read_text())]
+        pl.DataFrame(curve).write_parquet(tmp / "validation.parquet", compression="zstd")
+        protocol = {
+            "run": run,
+            "train": _protocol_totals([d / "protocol.json" for d in train]),
+            "val": _protocol_totals([d / "protocol.json" for d in val]),
+        }
+        totals = _protocol_totals([d / "protocol.json" for d in (*train, *val)])
+        atomic_write_json(tmp / "protocol.json", {**totals, **protocol})
+        atomic_write_json(tmp / "checkpoints.json", checkpoint_index(root, checkpoints))
+        atomic_write_json(tmp / "run.json", run_info)
+        export(tmp / "adapters")
+        copy_logs(root, tmp / "wandb")
+        write_manifest(tmp, **manifest)

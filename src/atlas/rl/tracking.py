@@ -1,0 +1,92 @@
+"""The training log through the real wandb library: offline by default, under the run's folder.
+
+wandb writes while the job runs (into results/checkpoints/<run>/wandb/, beside the checkpoints, so
+a crash loses nothing); the finished run folder gets a copy of its regular files. Each resume of
+an interrupted job opens the same run id, so `wandb sync` uploads one run.
+
+`read_history` reads the logged rows back from an offline `.wandb` file: the file is a LevelDB-
+style log (a 7-byte header, 32 KiB blocks of CRC-framed chunks) of wandb's protobuf Records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+_HEADER = 7  # b":W&B", magic 0xBEE1, version
+_BLOCK = 32768
+_CHUNK = struct.Struct("<IHB")  # crc32, length, type (1 full, 2 first, 3 middle, 4 last)
+
+
+def start(folder: Path, *, mode: str, project: str, run_id: str, name: str, config: dict[str, Any]):
+    """A wandb run logging under `folder`/wandb, or None with mode `disabled`."""
+    if mode == "disabled":
+        return None
+    import wandb  # imported here: it starts slowly, and disabled runs never need it
+
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(
+        mode=mode,
+        dir=str(folder),
+        project=project,
+        name=name,
+        id=run_id,
+        resume="allow",
+        config=config,
+        settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
+    )
+
+
+def copy_logs(folder: Path, out: Path) -> None:
+    """Copy the regular files of `folder`/wandb into `out` (its symlinks point into itself)."""
+    src = folder / "wandb"
+    if not src.is_dir():
+        return
+    for path in sorted(src.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            target = out / path.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+
+
+def _records(data: bytes) -> list[bytes]:
+    out, buf, pos = [], b"", _HEADER
+    while pos + _CHUNK.size <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _CHUNK.size:  # a block's tail too short for a chunk header is padding
+            pos += left
+            continue
+        _, length, kind = _CHUNK.unpack_from(data, pos)
+        pos += _CHUNK.size
+        if length == 0 and kind == 0:
+            pos += left - _CHUNK.size
+            continue
+        buf += data[pos : pos + length]
+        pos += length
+        if kind in (1, 4):
+            out.append(buf)
+            buf = b""
+    return out
+
+
+def read_history(wandb_file: str | Path) -> list[dict[str, Any]]:
+    """The rows logged with run.log(...) in an offline `.wandb` file, in order."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(wandb_file).read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{wandb_file}: not a wandb run file (header {data[:4]!r})")
+    rows = []
+    for raw in _records(data):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            rows.append(
+                {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item}
+            )
+    return rows

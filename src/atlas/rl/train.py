@@ -1,0 +1,261 @@
+"""Training stage: PPO with a LoRA actor and critic on the ordered schedule, for one run.
+
+One run is the training smoke or an arm of the study (training.runs.<name> in the config). Each
+step k takes the schedule's questions for step k and does DESIGN.md's training step:
+
+    G episodes per question with the actor (grammar-constrained, real tools and graders)
+    -> rewards from the records, + dose * (gamma * Phi(s') - Phi(s)) on each action token
+    -> protocol check; records journaled                      (before any update uses them)
+    -> old log-probs under replayed masks, reference, values, GAE; records get value/advantage
+    -> critic update, actor update
+    -> step metrics, call advantages; wandb; validation every k steps; compact checkpoint
+
+With resume_mode auto a rerun continues after the latest complete checkpoint of the same config
+and inputs (see atlas.rl.journal), and on CPU ends with the same bytes as an uninterrupted run.
+
+    python -m atlas.rl.train --config-slice '{...}' --train results/data/train.parquet \
+        --val results/data/val.parquet --tests results/data/tests.parquet \
+        --model results/models/tiny [--snapshot results/runs/training_smoke] \
+        --checkpoints results/checkpoints/zero_potential --out results/runs/zero_potential
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from atlas.config import GraderConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
+from atlas.hashing import sha256_file
+from atlas.model.policy import ActorCritic
+from atlas.rl import journal, tracking
+from atlas.rl.checkpoint import export_adapters, latest_checkpoint, load_compact, save_compact
+from atlas.rl.potentials import make_potential
+from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
+from atlas.rl.rollout import (
+    call_advantages,
+    check_protocol,
+    collect,
+    episode_specs,
+    fill_records,
+    rollout,
+    step_questions,
+    step_summary,
+    validation_rows,
+)
+from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
+from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser, smoke_slice
+from atlas.runtime.session import load_model, make_runtime
+from atlas.stage import code_files, log, run
+
+MODULE = "atlas.rl.train"
+
+
+def parser(description: str):
+    p = rollout_parser(description)
+    p.add_argument("--train", required=True, type=Path, help="results/data/train.parquet")
+    p.add_argument("--checkpoints", required=True, type=Path, help="results/checkpoints/<run>")
+    p.add_argument("--snapshot", type=Path, help="run folder whose critic is the frozen potential")
+    return p
+
+
+def inputs_of(args) -> list[Path]:
+    snapshot = [args.snapshot / "checkpoints.json"] if args.snapshot else []
+    return [args.train, args.val, args.tests, *model_files(args.model), *snapshot]
+
+
+def build_policy(model_dir: Path, training: TrainingConfig, seed: int, device: str):
+    base, tokenizer = load_model(model_dir, device)
+    ac = ActorCritic(base, training, seed=seed).to(device)
+    return ac, tokenizer
+
+
+def build_potential(cfg: RunConfig, ac: ActorCritic, snapshot: Path | None):
+    """The run's Phi. Factories receive the trainer's context and take what they need."""
+    if cfg.potential == "critic_snapshot" and snapshot is None:
+        raise SystemExit(f"potential critic_snapshot needs --snapshot (the run folder of {cfg.snapshot_of})")
+    return make_potential(cfg.potential, model=ac, run_folder=snapshot, step=cfg.snapshot_step)
+
+
+def peak_memory() -> dict[str, float]:
+    out = {"perf/cpu_memory_used_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def validation_points(steps: int, every: int) -> list[int]:
+    """Steps done at which the policy is validated: before training, every k, and at the end."""
+    return sorted({0, steps, *range(every, steps + 1, every)})
+
+
+def checkpoint_points(steps: int, every: int) -> list[int]:
+    return sorted({steps, *range(every, steps + 1, every)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    s = args.config_slice
+    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
+    resources = ResourcesConfig.model_validate(s["resources"])
+    run_cfg = RunConfig.model_validate({k: v for k, v in s["training"]["run"].items() if k != "name"})
+    training = TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"})
+    name, steps, ppo, seed = (
+        s["training"]["run"]["name"],
+        s["training"]["run"]["steps"],
+        training.ppo,
+        s["seed"],
+    )
+    root = args.checkpoints
+
+    # The working folder: same config and inputs -> keep (resume); else move the old work aside.
+    fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in inputs_of(args)}}
+    journal.open_root(root, fingerprint, training.resume_mode, name)
+
+    train_rows, val_rows = read_questions(args.train), read_questions(args.val)
+    tests = read_tests(args.tests)
+    val_questions = smoke_slice(val_rows, training.validation_questions or len(val_rows))
+    ac, tokenizer = build_policy(args.model, training, seed, resources.device)
+    potential = build_potential(run_cfg, ac, args.snapshot)
+    optimizers = make_optimizers(ac, ppo)
+    schedulers = make_schedulers(optimizers, ppo, steps)
+    rt = make_runtime(ac.peft, tokenizer, runtime)
+
+    start = 0
+    if training.resume_mode == "auto" and (ckpt := latest_checkpoint(root)) is not None:
+        start = load_compact(ckpt, ac, optimizers, schedulers)["step"]
+        log(name, "resuming", checkpoint=ckpt, steps_done=start, of=steps)
+    wandb_run = tracking.start(
+        root,
+        mode=training.wandb_mode,
+        project=training.wandb_project,
+        run_id=f"{name}-{fingerprint_digest(root)}",
+        name=name,
+        config=s,
+    )
+
+    def validate(done: int) -> None:
+        t = time.perf_counter()
+        specs = episode_specs(val_questions, tests, training.validation_samples)
+        episodes = rollout(rt, specs, runtime, graders, run=name, step=done, phase="val", seed=seed)
+        report = check_protocol(rt, episodes, runtime)
+        rows = validation_rows(episodes, run=name, step=done)
+        journal.write_validation(root, done, episodes, report, rows, run=name)
+        by = {r["source"]: r for r in rows}
+        log(
+            name,
+            "validation",
+            steps_done=done,
+            utility=round(by["all"]["utility"], 4),
+            completed=by["all"]["completed_fraction"],
+            violations=report.violations,
+        )
+        if wandb_run is not None:
+            wandb_run.log(
+                {
+                    f"val/{r['source']}/{k}": r[k]
+                    for r in rows
+                    for k in ("utility", "accuracy", "completed_fraction")
+                }
+                | {"timing_s/testing": time.perf_counter() - t},
+                step=done,
+            )
+
+    points = validation_points(steps, training.validation_every)
+    if start == 0:
+        validate(0)
+    bar = tqdm(total=steps, initial=start, desc=name, file=sys.stderr, mininterval=0, ascii=True)
+    for step in range(start, steps):
+        t_step = time.perf_counter()
+        specs = episode_specs(step_questions(train_rows, step), tests, training.responses_per_question)
+        data = collect(
+            rt,
+            specs,
+            runtime,
+            graders,
+            potential,
+            gamma=ppo.gamma,
+            dose=run_cfg.dose,
+            run=name,
+            step=step,
+            seed=seed,
+            progress=lambda m, step=step: log(name, f"step {step}: {m}"),
+        )
+        journal.write_step_rollouts(root, step, data.episodes, data.report, run=name)
+        if data.report.violations:
+            raise SystemExit(
+                f"{name} step {step}: {data.report.violations} protocol violations; see "
+                f"{journal.step_dir(root, step) / 'protocol.json'}"
+            )
+        prep = prepare(ac, data.batch, ppo, runtime.temperature)
+        fill_records(data.episodes, prep)
+        journal.write_step_rollouts(root, step, data.episodes, data.report, run=name)  # + value, advantage
+        metrics = {**data.timings, **prep.metrics}
+        metrics.update(update(ac, data.batch, prep, optimizers, schedulers, ppo, runtime.temperature))
+        metrics.update(step_summary(data.episodes, data.report))
+        metrics["training/global_step"] = float(step + 1)
+        done = step + 1
+        if done in points:
+            validate(done)
+        if done in checkpoint_points(steps, training.checkpoint_every):
+            t = time.perf_counter()
+            save_compact(root, done, ac, optimizers, schedulers, {"run": name, "steps": steps})
+            metrics["timing_s/save_checkpoint"] = time.perf_counter() - t
+        metrics["timing_s/step"] = time.perf_counter() - t_step
+        metrics.update(peak_memory())
+        journal.write_step_results(
+            root,
+            step,
+            metrics,
+            call_advantages(data.episodes, run=name, step=step, gamma=ppo.gamma, dose=run_cfg.dose),
+        )
+        if wandb_run is not None:
+            wandb_run.log(metrics, step=done)
+        bar.update(1)
+        bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}", pg=f"{metrics['actor/pg_loss']:.3f}")
+        log(
+            name,
+            f"step {step} done",
+            score=round(metrics["critic/score/mean"], 4),
+            pg_loss=round(metrics["actor/pg_loss"], 5),
+            seconds=round(metrics["timing_s/step"], 1),
+        )
+    bar.close()
+    if wandb_run is not None:
+        wandb_run.finish()
+
+    journal.assemble(
+        args.out,
+        root,
+        run=name,
+        steps=steps,
+        validated=points,
+        checkpoints=checkpoint_points(steps, training.checkpoint_every),
+        run_info={
+            "run": name,
+            "steps": steps,
+            "potential": run_cfg.potential,
+            "snapshot": getattr(potential, "source", None),
+            "snapshot_step": getattr(potential, "step", None),
+            "dose": run_cfg.dose,
+            "resumed_from_step": start,
+            "checkpoints": root.as_posix(),
+        },
+        export=lambda folder: export_adapters(ac, folder),
+        manifest={"stage": name, "inputs": inputs_of(args), "code": code_files(MODULE), "config": s},
+    )
+    log(name, "wrote", out=args.out)
+
+
+def fingerprint_digest(root: Path) -> str:
+    import json
+
+    return json.loads((root / journal.FINGERPRINT).read_text())["sha256"][:12]
+
+
+if __name__ == "__main__":
+    run(main)

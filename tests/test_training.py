@@ -1,0 +1,290 @@
+"""The training stages of the embedded default, run once by Snakemake (the `pipeline` fixture):
+run folders, metrics, call advantages, wandb, checkpoints, the frozen potential, the dose step,
+and a training job killed after its second checkpoint that resumes to the same bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from atlas.config import load_config
+from atlas.hashing import sha256_file, verify
+from atlas.model.policy import ActorCritic
+from atlas.rl.tracking import read_history
+from conftest import REPO, copy_pipeline, run_snakemake
+
+pytestmark = pytest.mark.slow
+
+CFG = load_config(REPO / "config" / "config.yaml")
+EPISODES_PER_STEP = CFG.schedule.questions_per_step * CFG.training.responses_per_question
+VAL_EPISODES = CFG.training.validation_questions * CFG.training.validation_samples
+RUNS = {"training_smoke": 2, "zero_potential": 4, "frozen_potential": 4}
+VALIDATED = {"training_smoke": [0, 2], "zero_potential": [0, 2, 4], "frozen_potential": [0, 2, 4]}
+VERL_METRICS = [
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/kl_loss",
+    "actor/grad_norm",
+    "actor/lr",
+    "critic/vf_loss",
+    "critic/vf_clipfrac",
+    "critic/grad_norm",
+    "critic/score/mean",
+    "critic/rewards/mean",
+    "critic/advantages/mean",
+    "critic/returns/mean",
+    "critic/values/mean",
+    "critic/vf_explained_var",
+    "response_length/mean",
+    "timing_s/gen",
+    "timing_s/old_log_prob",
+    "timing_s/ref",
+    "timing_s/values",
+    "timing_s/adv",
+    "timing_s/update_critic",
+    "timing_s/update_actor",
+    "timing_s/save_checkpoint",
+    "timing_s/step",
+    "perf/cpu_memory_used_gb",
+]
+PROTOCOL_METRICS = [
+    f"protocol/{k}" for k in ("episodes", "completed", "generations", "records", "calls", "violations")
+]
+
+
+def measured(df: pl.DataFrame) -> pl.DataFrame:
+    """Drop what is measured rather than computed (timings, device readings)."""
+    return df.drop([c for c in df.columns if c.startswith(("timing_s/", "perf/"))])
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_a_training_run_writes_its_folder(pipeline, run, monkeypatch):
+    monkeypatch.chdir(pipeline)  # manifests name inputs relative to the workflow directory
+    folder = Path("results/runs") / run
+    steps = RUNS[run]
+    assert verify(folder) == []
+
+    records = pl.read_parquet(folder / "records.parquet")
+    train = records.filter(pl.col("phase") == "train")
+    assert sorted(train["step"].unique()) == list(range(steps))
+    assert train.select("step", "question_uid", "sample").unique().height == steps * EPISODES_PER_STEP
+    assert train["value"].null_count() == 0 and train["advantage"].null_count() == 0
+    val = records.filter(pl.col("phase") == "val")
+    assert sorted(val["step"].unique()) == VALIDATED[run]
+
+    protocol = json.loads((folder / "protocol.json").read_text())
+    assert protocol["violations"] == 0
+    assert protocol["train"]["episodes"] == steps * EPISODES_PER_STEP
+    assert protocol["val"]["episodes"] == len(VALIDATED[run]) * VAL_EPISODES
+    assert protocol["records"] == protocol["generations"] == protocol["calls"] == records.height
+
+    metrics = pl.read_parquet(folder / "step_metrics.parquet")
+    assert metrics["step"].to_list() == list(range(steps))
+    assert set(VERL_METRICS + PROTOCOL_METRICS) <= set(metrics.columns)
+    assert metrics["protocol/violations"].to_list() == [0.0] * steps
+    assert metrics["protocol/episodes"].to_list() == [float(EPISODES_PER_STEP)] * steps
+    assert metrics["rollout/logprob_gap_max"].max() < 1e-4  # replayed masks = sampling masks
+    for source in ("gpqa", "lcb"):  # per-source scores agree with the records
+        for step in range(steps):
+            ep = (
+                train.filter((pl.col("step") == step) & (pl.col("source") == source))
+                .group_by("question_uid", "sample")
+                .agg(pl.col("score").sum())
+            )
+            if ep.height:
+                got = metrics.filter(pl.col("step") == step)[f"score/{source}/mean"].item()
+                assert got == pytest.approx(ep["score"].mean())
+
+    # Call advantages: the advantage at each record's action token, by step, turn and tool.
+    calls = pl.read_parquet(folder / "call_advantages.parquet")
+    expected = (
+        train.group_by("step", "turn", "tool")
+        .agg(
+            pl.len().alias("n"), pl.col("advantage").mean().alias("adv"), pl.col("reward").mean().alias("rew")
+        )
+        .sort("step", "turn", "tool")
+    )
+    got = calls.sort("step", "turn", "tool")
+    assert got["count"].to_list() == expected["n"].to_list()
+    assert got["advantage_mean"].to_list() == pytest.approx(expected["adv"].to_list())
+    assert got["reward_mean"].to_list() == pytest.approx(expected["rew"].to_list())
+
+    curve = pl.read_parquet(folder / "validation.parquet")
+    assert sorted(curve["step"].unique()) == VALIDATED[run]
+    assert set(curve["source"]) == {"gpqa", "lcb", "all"}
+    assert curve.filter(pl.col("source") == "all")["n"].to_list() == [VAL_EPISODES] * len(VALIDATED[run])
+
+    # wandb, offline, under the run folder: the logged rows are the step metrics.
+    (wandb_file,) = (folder / "wandb").rglob("*.wandb")
+    history = {row["_step"]: row for row in read_history(wandb_file)}
+    for row in metrics.iter_rows(named=True):
+        logged = history[row["step"] + 1]
+        for name in ("actor/pg_loss", "critic/vf_loss", "critic/score/mean", "protocol/violations"):
+            assert logged[name] == pytest.approx(row[name], rel=1e-12)
+    assert "val/all/utility" in history[0]
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_checkpoints_are_compact_listed_and_hashed(pipeline, run):
+    index = json.loads((pipeline / "results/runs" / run / "checkpoints.json").read_text())
+    assert [c["step"] for c in index["checkpoints"]] == list(range(1, RUNS[run] + 1))
+    base = dict(AutoModelForCausalLM.from_pretrained(pipeline / "results/models/tiny").named_parameters())
+    for c in index["checkpoints"]:
+        folder = pipeline / c["path"]
+        for name, entry in c["files"].items():
+            assert sha256_file(folder / name) == entry["sha256"], folder / name
+        for role in ("actor", "critic"):
+            tensors = load_file(folder / f"{role}.safetensors")
+            # Only LoRA tensors (and the critic's head): no base weight, and none of its shapes' worth.
+            assert all(".lora_A." in n or ".lora_B." in n or n.startswith("value_head.") for n in tensors)
+            assert all(f".{role}." in n for n in tensors if not n.startswith("value_head."))
+            assert all(torch.isfinite(t).all() for t in tensors.values())
+            assert sum(t.numel() for t in tensors.values()) < 0.1 * sum(p.numel() for p in base.values())
+        assert sorted(load_file(folder / "critic.safetensors"))[-2:] == [
+            "value_head.bias",
+            "value_head.weight",
+        ]
+
+
+def test_exported_actor_adapter_is_the_last_checkpoint(pipeline):
+    folder = pipeline / "results/runs/zero_potential"
+    last = load_file(pipeline / "results/checkpoints/zero_potential/step_4/actor.safetensors")
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(pipeline / "results/models/tiny"), folder / "adapters/actor"
+    )
+    loaded = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert len(loaded) == len(last)
+    for name, tensor in last.items():
+        assert torch.equal(loaded[name.replace(".actor.", ".default.")], tensor), name
+
+
+def test_arms_place_score_plus_shaping_on_action_tokens(pipeline):
+    runs = pipeline / "results/runs"
+    for run in ("training_smoke", "zero_potential"):  # zero potential: reward is the score
+        r = pl.read_parquet(runs / run / "records.parquet").filter(pl.col("phase") == "train")
+        assert (r["reward"] == r["score"]).all() and (r["potential_before"] == 0).all()
+
+    info = json.loads((runs / "frozen_potential/run.json").read_text())
+    assert info["snapshot"] == "results/checkpoints/training_smoke/step_2/critic.safetensors"
+    r = pl.read_parquet(runs / "frozen_potential/records.parquet").filter(pl.col("phase") == "train")
+    assert (r["potential_before"] != 0).all()
+    # gamma = dose = 1: the shaping of an episode telescopes to -Phi(s_0).
+    per_episode = (
+        r.sort("turn")
+        .group_by("step", "question_uid", "sample")
+        .agg(
+            (pl.col("reward") - pl.col("score")).sum().alias("shaping"),
+            pl.col("potential_before").first().alias("phi0"),
+        )
+    )
+    assert (per_episode["shaping"] + per_episode["phi0"]).abs().max() < 1e-9
+
+    # Phi(s_k) is the snapshot critic's value after the token before generation k.
+    ac = ActorCritic(AutoModelForCausalLM.from_pretrained(pipeline / "results/models/tiny"), CFG.training)
+    snapshot = load_file(pipeline / info["snapshot"])
+    with torch.no_grad():
+        for name, p in ac.trainable("critic").items():
+            p.copy_(snapshot[name])
+    traj = pl.read_parquet(runs / "frozen_potential/trajectories.parquet").filter(
+        (pl.col("phase") == "train") & (pl.col("step") == 0)
+    )
+    for row in traj.iter_rows(named=True):
+        recs = r.filter(
+            (pl.col("step") == 0)
+            & (pl.col("question_uid") == row["question_uid"])
+            & (pl.col("sample") == row["sample"])
+        ).sort("turn")
+        with torch.no_grad():
+            values = ac.values(torch.tensor([row["token_ids"]]))[0]
+        expected = [float(values[s - 1]) for s in recs["generation_start"]]
+        assert recs["potential_before"].to_list() == pytest.approx(expected, abs=1e-5)
+
+
+def test_dose_step_shaped_returns_differ_by_the_telescoped_potential(pipeline):
+    folder = pipeline / "results/runs/dose_step"
+    report = json.loads((folder / "dose_step.json").read_text())
+    assert [d["dose"] for d in report["doses"]] == [0.0, 0.5, 1.0]
+    zero = report["doses"][0]
+    for d in report["doses"]:
+        assert d["protocol"]["violations"] == 0
+        assert d["max_abs_residual"] <= report["tolerance"] == 1e-9
+        for ep, ep0 in zip(d["episodes"], zero["episodes"], strict=True):
+            assert ep["shaped_return"] - ep0["shaped_return"] == pytest.approx(
+                -d["dose"] * ep["phi_s0"], abs=1e-9
+            )
+    assert any(ep["phi_s0"] != 0 for ep in zero["episodes"])
+    assert all(c["advantage_mean_change"] == 0 for c in zero["call_advantage"])
+    records = pl.read_parquet(folder / "records.parquet")
+    assert sorted(records["run"].unique()) == [
+        "dose_step/dose=0.0",
+        "dose_step/dose=0.5",
+        "dose_step/dose=1.0",
+    ]
+    assert pl.read_parquet(folder / "step_metrics.parquet")["dose"].to_list() == [0.0, 0.5, 1.0]
+
+
+def _training_pids(workdir: Path) -> list[int]:
+    """The python processes running `-m atlas.rl.train` in `workdir` (not their shell wrapper)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            here = (proc / "cwd").resolve() == workdir.resolve()
+        except OSError:
+            continue
+        if (
+            here
+            and b"-m" in argv
+            and argv[argv.index(b"-m") + 1 : argv.index(b"-m") + 2] == [b"atlas.rl.train"]
+        ):
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_killed_training_job_resumes_to_identical_checkpoints(pipeline, tmp_path):
+    run = "zero_potential"
+    wf = copy_pipeline(pipeline, tmp_path / "wf", drop=(f"results/runs/{run}", f"results/checkpoints/{run}"))
+    ckpts = wf / "results/checkpoints" / run
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", f"results/runs/{run}"]
+    proc = subprocess.Popen(cmd, cwd=wf, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 900
+    while not (ckpts / "step_2" / "MANIFEST.json").exists():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    (pid,) = _training_pids(wf)
+    os.kill(pid, signal.SIGKILL)  # the job dies mid-run, as on a lost node or an OOM kill
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode != 0, output
+    assert not (wf / "results/runs" / run).exists()
+    survived = max(int(p.name[5:]) for p in ckpts.glob("step_*"))
+    assert 2 <= survived < 4
+
+    run_snakemake(wf, "--cores", "2", f"results/runs/{run}")  # the same command again
+    log = (wf / f"results/logs/train_{run}.log").read_text()
+    assert f"resuming checkpoint=results/checkpoints/{run}/step_{survived} steps_done={survived} of=4" in log
+    reference = pipeline / "results/checkpoints" / run
+    for step in range(1, 5):
+        names = sorted(p.name for p in (reference / f"step_{step}").iterdir())
+        assert sorted(p.name for p in (ckpts / f"step_{step}").iterdir()) == names
+        for name in names:
+            assert (ckpts / f"step_{step}" / name).read_bytes() == (
+                reference / f"step_{step}" / name
+            ).read_bytes()
+    for table in ("records.parquet", "step_metrics.parquet", "call_advantages.parquet", "validation.parquet"):
+        a = measured(pl.read_parquet(wf / "results/runs" / run / table))
+        b = measured(pl.read_parquet(pipeline / "results/runs" / run / table))
+        assert a.equals(b), table
