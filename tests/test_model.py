@@ -28,11 +28,11 @@ def test_two_builds_give_identical_bytes(model_dir, tmp_path):
     assert (third / "model.safetensors").read_bytes() != (model_dir / "model.safetensors").read_bytes()
 
 
-def test_saved_model_is_a_qwen3_of_a_few_million_parameters(model_dir):
+def test_saved_model_is_a_qwen3_of_about_a_million_parameters(model_dir):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     assert type(model).__name__ == "Qwen3ForCausalLM"
     n = sum(p.numel() for p in model.parameters())
-    assert 1_000_000 < n < 10_000_000
+    assert 500_000 < n < 10_000_000
     info = json.loads((model_dir / "build_info.json").read_text())
     assert info["parameters"] == n and info["vocab_size"] == model.config.vocab_size
     assert model.config.vocab_size % 64 == 0

@@ -42,8 +42,10 @@ def test_trainable_sets_are_disjoint_and_hold_no_base_weight(ac):
     assert {"value_head.weight", "value_head.bias"} <= set(critic)
     base_ids = {id(p) for _, p in ac.base_parameters()}
     assert not base_ids & {id(p) for p in [*actor.values(), *critic.values()]}
-    # 4 decoder layers x 7 linear modules x (A, B)
-    assert len(actor) == 4 * 7 * 2
+    # 2 decoder layers x 7 linear modules x (A, B)
+    assert len(actor) == 2 * 7 * 2
+    # Listing a role's tensors must not switch adapters: the next rollout samples the actor.
+    assert ac.peft.active_adapter == "actor"
 
 
 def test_actor_step_moves_only_the_actor_and_never_the_base(ac):

@@ -85,11 +85,11 @@ class TinyModelConfig(_Strict):
         min_length=1,
         description="Text files the tokenizer is trained on, read as raw UTF-8 text.",
     )
-    hidden_size: int = Field(default=256, ge=8, description="Model width.")
-    intermediate_size: int = Field(default=768, ge=8, description="MLP inner width.")
-    num_hidden_layers: int = Field(default=4, ge=1, description="Decoder layers.")
-    num_attention_heads: int = Field(default=4, ge=1, description="Query heads.")
-    num_key_value_heads: int = Field(default=2, ge=1, description="Key/value heads (GQA).")
+    hidden_size: int = Field(default=128, ge=8, description="Model width.")
+    intermediate_size: int = Field(default=512, ge=8, description="MLP inner width.")
+    num_hidden_layers: int = Field(default=2, ge=1, description="Decoder layers.")
+    num_attention_heads: int = Field(default=2, ge=1, description="Query heads.")
+    num_key_value_heads: int = Field(default=1, ge=1, description="Key/value heads (GQA).")
     head_dim: int = Field(default=64, ge=4, description="Width of one attention head.")
     max_position_embeddings: int = Field(
         default=8192, ge=256, description="Longest trajectory the model accepts, in tokens."

@@ -76,8 +76,11 @@ class ActorCritic(nn.Module):
             return self.peft(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def trainable(self, role: str) -> dict[str, nn.Parameter]:
-        """The tensors an optimizer of `role` updates (compact checkpoints hold exactly these)."""
-        self._use(role)
+        """The tensors an optimizer of `role` updates (compact checkpoints hold exactly these).
+
+        Listing them does not switch the active adapter: rollouts must keep sampling the actor."""
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}; expected one of {ROLES}")
         out = {n: p for n, p in self.peft.named_parameters() if f".{role}." in n and "lora_" in n}
         if role == "critic":
             out.update({f"value_head.{n}": p for n, p in self.value_head.named_parameters()})
@@ -90,7 +93,6 @@ class ActorCritic(nn.Module):
         if name in ROLES or any(role in name for role in ROLES):
             raise ValueError(f"frozen critic name {name!r} must not contain {ROLES}")
         self.peft.add_adapter(name, self._lora)
-        self._use("critic")
         own = self.trainable("critic")
         if set(critic) != set(own):
             missing, extra = sorted(set(own) - set(critic)), sorted(set(critic) - set(own))

@@ -3,7 +3,7 @@
 No hub is reachable, so both are made here. The tokenizer is trained on the fixture text plus a
 few lines in the runtime's own chat and tool-call format; it has a ChatML chat template and
 `<tool_call>` / `</tool_call>` as single tokens (the grammar forces them by id). The model is
-a Qwen3 causal LM of a few million parameters, initialised from a fixed seed: the same config
+a Qwen3 causal LM of about a million parameters, initialised from a fixed seed: the same config
 gives the same bytes on the same library versions.
 """
 

@@ -35,7 +35,16 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from atlas.hashing import MANIFEST, atomic_dir, atomic_write_json, canonical_json, sha256_bytes
+from atlas.hashing import (
+    MANIFEST,
+    atomic_dir,
+    atomic_path,
+    atomic_write_json,
+    canonical_json,
+    sha256_bytes,
+    write_manifest,
+)
+from atlas.rl.tracking import copy_logs
 from atlas.runtime.records import RECORD_SCHEMA, TRAJECTORY_SCHEMA
 from atlas.runtime.runfolder import write_rollouts
 from atlas.stage import log
@@ -43,8 +52,9 @@ from atlas.stage import log
 FINGERPRINT = "fingerprint.json"
 
 
-def open_root(root: Path, fingerprint: dict[str, Any], resume_mode: str, run: str) -> None:
-    """Prepare the run's working folder: keep it (same fingerprint), or move it aside."""
+def open_root(root: Path, fingerprint: dict[str, Any], resume_mode: str, run: str) -> str:
+    """Prepare the run's working folder: keep it (same fingerprint), or move it aside. Returns
+    the fingerprint's sha256."""
     digest = sha256_bytes(canonical_json(fingerprint).encode())
     path = root / FINGERPRINT
     if root.exists() and resume_mode == "disable":
@@ -66,6 +76,7 @@ def open_root(root: Path, fingerprint: dict[str, Any], resume_mode: str, run: st
         log(run, "earlier work has no fingerprint; moved aside", to=aside)
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"sha256": digest, **fingerprint})
+    return digest
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -96,8 +107,6 @@ def write_validation(root: Path, completed: int, episodes, report, rows: list[di
 
 
 def write_table(path: Path, rows: list[dict]) -> None:
-    from atlas.hashing import atomic_path
-
     with atomic_path(path) as tmp:
         pl.DataFrame(rows).write_parquet(tmp, compression="zstd")
 
@@ -141,9 +150,6 @@ def assemble(
     manifest: dict[str, Any],
 ) -> None:
     """Build results/runs/<run>/ from the journal, atomically. `export(folder)` writes adapters/."""
-    from atlas.hashing import write_manifest
-    from atlas.rl.tracking import copy_logs
-
     train = [step_dir(root, k) for k in range(steps)]
     val = [val_dir(root, k) for k in validated]
     with atomic_dir(out) as tmp:

@@ -265,9 +265,11 @@ def update(
                 for idx in _micro(rows, ppo.micro_batch_size):
                     sub = batch.rows(idx)
                     weight = (mask[idx].sum() / tokens).item()  # token share of the mini-batch
+                    # backward inside the role: peft clears requires_grad of inactive adapters,
+                    # and autograd skips accumulating into a tensor that no longer requires grad
                     with ac.role(role):
                         loss, out = _role_loss(role, ac, sub, idx, prep, ppo, temperature)
-                    (loss * weight).backward()
+                        (loss * weight).backward()
                     for k, v in out.items():
                         sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).detach()) * weight
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, ppo.grad_clip)

@@ -77,6 +77,9 @@ def rollout(
     seed: int,
     progress: Callable[[str], None] | None = None,
 ) -> list[Episode]:
+    active = getattr(rt.model, "active_adapter", "actor")
+    if active != "actor":  # a rollout must sample the policy, never the critic's adapter
+        raise RuntimeError(f"rollout with adapter {active!r} active; expected 'actor'")
     rt.model.eval()
     return run_episodes(
         rt, specs, cfg, graders, run=run, step=step, phase=phase, seed=seed, progress=progress

@@ -21,6 +21,7 @@ and inputs (see atlas.rl.journal), and on CPU ends with the same bytes as an uni
 
 from __future__ import annotations
 
+import random
 import resource
 import sys
 import time
@@ -114,8 +115,10 @@ def main(argv: list[str] | None = None) -> None:
 
     # The working folder: same config and inputs -> keep (resume); else move the old work aside.
     fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in inputs_of(args)}}
-    journal.open_root(root, fingerprint, training.resume_mode, name)
+    digest = journal.open_root(root, fingerprint, training.resume_mode, name)
 
+    random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
+    torch.manual_seed(seed)
     train_rows, val_rows = read_questions(args.train), read_questions(args.val)
     tests = read_tests(args.tests)
     val_questions = smoke_slice(val_rows, training.validation_questions or len(val_rows))
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         root,
         mode=training.wandb_mode,
         project=training.wandb_project,
-        run_id=f"{name}-{fingerprint_digest(root)}",
+        run_id=f"{name}-{digest[:12]}",  # one wandb run per run and fingerprint, across resumes
         name=name,
         config=s,
     )
@@ -249,12 +252,6 @@ def main(argv: list[str] | None = None) -> None:
         manifest={"stage": name, "inputs": inputs_of(args), "code": code_files(MODULE), "config": s},
     )
     log(name, "wrote", out=args.out)
-
-
-def fingerprint_digest(root: Path) -> str:
-    import json
-
-    return json.loads((root / journal.FINGERPRINT).read_text())["sha256"][:12]
 
 
 if __name__ == "__main__":
