@@ -153,6 +153,11 @@ def test_checkpoints_are_compact_listed_and_hashed(pipeline, run):
             assert all(f".{role}." in n for n in tensors if not n.startswith("value_head."))
             assert all(torch.isfinite(t).all() for t in tensors.values())
             assert sum(t.numel() for t in tensors.values()) < 0.1 * sum(p.numel() for p in base.values())
+            # AdamW state (exp_avg, exp_avg_sq, step) for every trainable tensor: all were trained.
+            optim = load_file(folder / f"optim_{role}.safetensors")
+            assert sorted(optim) == sorted(
+                f"{n}::{k}" for n in tensors for k in ("exp_avg", "exp_avg_sq", "step")
+            )
         assert sorted(load_file(folder / "critic.safetensors"))[-2:] == [
             "value_head.bias",
             "value_head.weight",
