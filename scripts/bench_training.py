@@ -42,6 +42,8 @@ from atlas.runtime.session import make_runtime
 REPO = Path(__file__).resolve().parent.parent
 PHASES = [
     "timing_s/gen",
+    "timing_s/gen_model",
+    "timing_s/gen_tools",
     "timing_s/potential",
     "timing_s/old_log_prob",
     "timing_s/ref",
@@ -158,7 +160,8 @@ def main() -> None:
     step_s = result["phase_median_s"]["timing_s/step"]
     for p in PHASES:
         v = result["phase_median_s"][p]
-        print(f"| {p} | {v:.3f} | {'' if p == 'timing_s/step' else f'{100 * v / step_s:.1f}%'} |")
+        share = "" if p == "timing_s/step" else f"{100 * v / step_s:.1f}%"
+        print(f"| {p} | {v:.3f} | {share} |")
     c, f = result["checkpoint"]["compact"], result["checkpoint"]["full"]
     print("\n| checkpoint | bytes | save seconds (median) |\n|---|---|---|")
     print(f"| compact (LoRA + head + optimizer + RNG) | {c['bytes']:,} | {c['seconds_median']:.3f} |")

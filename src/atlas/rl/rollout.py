@@ -114,7 +114,11 @@ def collect(
     episodes = rollout(
         rt, specs, cfg, graders, run=run, step=step, phase="train", seed=seed, progress=progress
     )
-    timings = {"timing_s/gen": time.perf_counter() - t}
+    total = time.perf_counter() - t
+    # A record's generate time is its batch's wall time shared evenly, so the sum is the model's
+    # wall time; the rest of the rollout is tools and graders (run in a pool after each turn).
+    model = sum(r.timing_s_generate for ep in episodes for r in ep.records)
+    timings = {"timing_s/gen": total, "timing_s/gen_model": model, "timing_s/gen_tools": total - model}
     t = time.perf_counter()
     placed = shape(episodes, potential, gamma=gamma, dose=dose)
     timings["timing_s/potential"] = time.perf_counter() - t
