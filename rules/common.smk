@@ -22,3 +22,17 @@ MODEL_DIR = (
     if ATLAS.model.tiny is not None
     else ATLAS.model.path
 )
+
+
+# The training runs of the config (the training smoke and the arms), one job each.
+TRAINING_RUNS = sorted(ATLAS.training.runs)
+
+
+def snapshot_folder(snapshot_of):
+    """The run folder a frozen-critic potential reads, as an input (none without a snapshot)."""
+    return [] if snapshot_of is None else [f"results/runs/{snapshot_of}"]
+
+
+def snapshot_arg(snapshot_of):
+    """The --snapshot argument of the training and dose-step commands."""
+    return "" if snapshot_of is None else f"--snapshot results/runs/{snapshot_of}"

@@ -9,9 +9,9 @@ rule smoke:
         directory("results/runs/smoke"),
     log:
         "results/logs/smoke.log",
-    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
     conda:
         "../envs/atlas.yaml"
+    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
     params:
         slice=stage_slice("smoke"),
     shell:
@@ -30,9 +30,9 @@ rule boundary:
         directory("results/runs/boundary"),
     log:
         "results/logs/boundary.log",
-    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
     conda:
         "../envs/atlas.yaml"
+    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
     params:
         slice=stage_slice("boundary"),
     shell:

@@ -2,16 +2,6 @@
 # one arm rebuilds alone; its checkpoints live in results/checkpoints/<run>/, outside the declared
 # output, where a rerun of an interrupted job finds them (resume_mode: auto).
 
-TRAINING_RUNS = sorted(ATLAS.training.runs)
-
-
-def snapshot_folder(snapshot_of):
-    return [] if snapshot_of is None else [f"results/runs/{snapshot_of}"]
-
-
-def snapshot_arg(snapshot_of):
-    return "" if snapshot_of is None else f"--snapshot results/runs/{snapshot_of}"
-
 
 rule train:
     """PPO on the ordered schedule for one run: records, step metrics, call advantages, wandb."""
@@ -24,13 +14,13 @@ rule train:
         code=code("atlas.rl.train"),
     output:
         directory("results/runs/{run}"),
-    wildcard_constraints:
-        run="|".join(TRAINING_RUNS),
     log:
         "results/logs/train_{run}.log",
-    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
+    wildcard_constraints:
+        run="|".join(TRAINING_RUNS),
     conda:
         "../envs/atlas.yaml"
+    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
     resources:
         gpu=ATLAS.resources.gpus,
     params:
@@ -55,9 +45,9 @@ rule dose_step:
         directory("results/runs/dose_step"),
     log:
         "results/logs/dose_step.log",
-    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
     conda:
         "../envs/atlas.yaml"
+    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
     resources:
         gpu=ATLAS.resources.gpus,
     params:

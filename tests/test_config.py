@@ -81,7 +81,7 @@ def test_every_field_has_a_description():
         (lambda c: c["data"]["gpqa"].pop("train"), "data.gpqa.train: Field required"),
         (
             lambda c: c["model"]["tiny"].update(num_key_value_heads=3),
-            "model.tiny: Value error, num_attention_heads (4) must be a multiple",
+            "model.tiny: Value error, num_attention_heads (2) must be a multiple",
         ),
         (
             lambda c: c["model"].update(path="/models/x"),
