@@ -52,3 +52,4 @@ rule all:
         rules.boundary.output,
         expand("results/runs/{run}", run=TRAINING_RUNS),
         rules.dose_step.output,
+        expand("results/checks/{run}", run=TRAINING_RUNS),

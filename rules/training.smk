@@ -57,3 +57,32 @@ rule dose_step:
         "OMP_NUM_THREADS={threads} python -m atlas.rl.dose --config-slice {params.slice:q} --train {input.train}"
         " --val {input.val} --tests {input.tests} --model {input.model} {params.snapshot}"
         " --out {output} > {log} 2>&1"
+
+
+rule checks:
+    """Checkpoint, roundtrip and batch checks of one training run."""
+    input:
+        run="results/runs/{run}",
+        train=rules.prepare_data.output.train,
+        val=rules.prepare_data.output.val,
+        tests=rules.prepare_data.output.tests,
+        model=MODEL_DIR,
+        snapshot=lambda wc: snapshot_folder(ATLAS.training.runs[wc.run].snapshot_of),
+        code=code("atlas.checks.stage"),
+    output:
+        directory("results/checks/{run}"),
+    wildcard_constraints:
+        run="|".join(TRAINING_RUNS),
+    log:
+        "results/logs/checks_{run}.log",
+    threads: workflow.cores
+    conda:
+        "../envs/atlas.yaml"
+    params:
+        slice=lambda wc: canonical_json(config_slice(ATLAS, "training", wc.run)),
+        snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
+    shell:
+        "OMP_NUM_THREADS={threads} python -m atlas.checks.stage --config-slice {params.slice:q}"
+        " --train {input.train} --val {input.val} --tests {input.tests} --model {input.model}"
+        " {params.snapshot} --checkpoints results/checkpoints/{wildcards.run}"
+        " --run-folder {input.run} --out {output} > {log} 2>&1"

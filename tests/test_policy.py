@@ -44,7 +44,14 @@ def test_trainable_sets_are_disjoint_and_hold_no_base_weight(ac):
     assert not base_ids & {id(p) for p in [*actor.values(), *critic.values()]}
     # 2 decoder layers x 7 linear modules x (A, B)
     assert len(actor) == 2 * 7 * 2
-    # Listing a role's tensors must not switch adapters: the next rollout samples the actor.
+    # Listing a role's tensors or reading values must not switch adapters: the next rollout
+    # samples whatever is active, and that must be the actor.
+    assert ac.peft.active_adapter == "actor"
+    ac.values(torch.tensor([[1, 2, 3]]))
+    assert ac.peft.active_adapter == "actor"
+    with ac.role("critic"):
+        ac.values(torch.tensor([[1, 2, 3]]))
+        assert ac.peft.active_adapter == "critic"  # nested: the outer role is restored
     assert ac.peft.active_adapter == "actor"
 
 

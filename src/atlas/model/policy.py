@@ -64,10 +64,11 @@ class ActorCritic(nn.Module):
         return self.peft(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """V(s_t) for every position t: the value of the state after reading token t."""
-        self._use("critic")
-        out = self.peft(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        return self.value_head(out.hidden_states[-1].float()).squeeze(-1)
+        """V(s_t) for every position t: the value of the state after reading token t. The actor
+        is active again afterwards (rollouts sample whatever adapter is active)."""
+        with self.role("critic"):
+            out = self.peft(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+            return self.value_head(out.hidden_states[-1].float()).squeeze(-1)
 
     def reference_logits(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
@@ -113,26 +114,25 @@ class ActorCritic(nn.Module):
         self, name: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         """V(s_t) of the frozen critic `name` at every position, without gradients."""
-        with torch.no_grad(), self.role_adapter(name):
+        with torch.no_grad(), self.role(name):
             out = self.peft(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
             return self.frozen_heads[name](out.hidden_states[-1].float()).squeeze(-1)
-
-    @contextlib.contextmanager
-    def role_adapter(self, name: str):
-        self.peft.set_adapter(name)
-        try:
-            yield
-        finally:
-            self._use("actor")
 
     def base_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         return ((n, p) for n, p in self.peft.named_parameters() if "lora_" not in n)
 
     @contextlib.contextmanager
     def role(self, role: str):
-        """Run a block with `role`'s adapter active, restoring the actor afterwards."""
-        self._use(role)
+        """Run a block with `role`'s adapter active, then restore the adapter active before.
+
+        Restoring (not always the actor) matters when blocks nest: a backward pass must run while
+        its role is still active, because peft clears requires_grad of inactive adapters and
+        autograd skips accumulating into a tensor that no longer requires grad."""
+        if role not in ROLES and role not in self.frozen_heads:
+            raise ValueError(f"adapter {role!r}; expected one of {ROLES} or {sorted(self.frozen_heads)}")
+        before = self.peft.active_adapter
+        self.peft.set_adapter(role)
         try:
             yield self
         finally:
-            self._use("actor")
+            self.peft.set_adapter(before)

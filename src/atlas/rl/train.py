@@ -25,19 +25,21 @@ import random
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from atlas.config import GraderConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
+from atlas.config import GraderConfig, PPOConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
 from atlas.hashing import sha256_file
 from atlas.model.policy import ActorCritic
 from atlas.rl import journal, tracking
 from atlas.rl.checkpoint import export_adapters, latest_checkpoint, load_compact, save_compact
-from atlas.rl.potentials import make_potential
+from atlas.rl.potentials import Potential, make_potential
 from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
 from atlas.rl.rollout import (
+    StepRollout,
     call_advantages,
     check_protocol,
     collect,
@@ -50,7 +52,7 @@ from atlas.rl.rollout import (
 )
 from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
 from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser, smoke_slice
-from atlas.runtime.session import load_model, make_runtime
+from atlas.runtime.session import Runtime, load_model, make_runtime
 from atlas.stage import code_files, log, run
 
 MODULE = "atlas.rl.train"
@@ -98,39 +100,120 @@ def checkpoint_points(steps: int, every: int) -> list[int]:
     return sorted({steps, *range(every, steps + 1, every)})
 
 
+@dataclass
+class Session:
+    """Everything one run's steps need, built from its config slice and inputs."""
+
+    name: str
+    steps: int
+    seed: int
+    runtime: RuntimeConfig
+    graders: GraderConfig
+    training: TrainingConfig
+    run_cfg: RunConfig
+    ac: ActorCritic
+    rt: Runtime
+    potential: Potential
+    optimizers: dict
+    schedulers: dict
+    train_rows: list[dict]
+    val_questions: list[dict]
+    tests: dict
+
+    @property
+    def ppo(self) -> PPOConfig:
+        return self.training.ppo
+
+
+def open_session(s: dict, args) -> Session:
+    """The policy (fresh, seeded), its potential, optimizers and runtime, and the run's data."""
+    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
+    resources = ResourcesConfig.model_validate(s["resources"])
+    run = s["training"]["run"]
+    run_cfg = RunConfig.model_validate({k: v for k, v in run.items() if k != "name"})
+    training = TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"})
+    seed = s["seed"]
+    random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
+    torch.manual_seed(seed)
+    val_rows = read_questions(args.val)
+    ac, tokenizer = build_policy(args.model, training, seed, resources.device)
+    potential = build_potential(run_cfg, ac, args.snapshot)
+    optimizers = make_optimizers(ac, training.ppo)
+    return Session(
+        name=run["name"],
+        steps=run["steps"],
+        seed=seed,
+        runtime=runtime,
+        graders=graders,
+        training=training,
+        run_cfg=run_cfg,
+        ac=ac,
+        rt=make_runtime(ac.peft, tokenizer, runtime),
+        potential=potential,
+        optimizers=optimizers,
+        schedulers=make_schedulers(optimizers, training.ppo, run["steps"]),
+        train_rows=read_questions(args.train),
+        val_questions=smoke_slice(val_rows, training.validation_questions or len(val_rows)),
+        tests=read_tests(args.tests),
+    )
+
+
+def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRollout, dict[str, float]]:
+    """One PPO step on the schedule's step `step`. `journal_rollouts(data)` is called with the
+    records before the update, twice: as rolled out and shaped, then with values and advantages."""
+    specs = episode_specs(
+        step_questions(sess.train_rows, step), sess.tests, sess.training.responses_per_question
+    )
+    data = collect(
+        sess.rt,
+        specs,
+        sess.runtime,
+        sess.graders,
+        sess.potential,
+        gamma=sess.ppo.gamma,
+        dose=sess.run_cfg.dose,
+        run=sess.name,
+        step=step,
+        seed=sess.seed,
+        progress=lambda m: log(sess.name, f"step {step}: {m}"),
+    )
+    if journal_rollouts is not None:
+        journal_rollouts(data)
+    if data.report.violations:
+        raise SystemExit(f"{sess.name} step {step}: {data.report.violations} protocol violations")
+    prep = prepare(sess.ac, data.batch, sess.ppo, sess.runtime.temperature)
+    fill_records(data.episodes, prep)
+    if journal_rollouts is not None:
+        journal_rollouts(data)
+    metrics = {**data.timings, **prep.metrics}
+    metrics.update(
+        update(
+            sess.ac, data.batch, prep, sess.optimizers, sess.schedulers, sess.ppo, sess.runtime.temperature
+        )
+    )
+    metrics.update(step_summary(data.episodes, data.report))
+    metrics["training/global_step"] = float(step + 1)
+    return data, metrics
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     s = args.config_slice
-    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
-    resources = ResourcesConfig.model_validate(s["resources"])
-    run_cfg = RunConfig.model_validate({k: v for k, v in s["training"]["run"].items() if k != "name"})
-    training = TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"})
-    name, steps, ppo, seed = (
+    name, training = (
         s["training"]["run"]["name"],
-        s["training"]["run"]["steps"],
-        training.ppo,
-        s["seed"],
+        TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"}),
     )
     root = args.checkpoints
 
     # The working folder: same config and inputs -> keep (resume); else move the old work aside.
     fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in inputs_of(args)}}
     digest = journal.open_root(root, fingerprint, training.resume_mode, name)
-
-    random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
-    torch.manual_seed(seed)
-    train_rows, val_rows = read_questions(args.train), read_questions(args.val)
-    tests = read_tests(args.tests)
-    val_questions = smoke_slice(val_rows, training.validation_questions or len(val_rows))
-    ac, tokenizer = build_policy(args.model, training, seed, resources.device)
-    potential = build_potential(run_cfg, ac, args.snapshot)
-    optimizers = make_optimizers(ac, ppo)
-    schedulers = make_schedulers(optimizers, ppo, steps)
-    rt = make_runtime(ac.peft, tokenizer, runtime)
+    sess = open_session(s, args)
+    steps = sess.steps
 
     start = 0
     if training.resume_mode == "auto" and (ckpt := latest_checkpoint(root)) is not None:
-        start = load_compact(ckpt, ac, optimizers, schedulers)["step"]
+        start = load_compact(ckpt, sess.ac, sess.optimizers, sess.schedulers)["step"]
         log(name, "resuming", checkpoint=ckpt, steps_done=start, of=steps)
     wandb_run = tracking.start(
         root,
@@ -143,9 +226,11 @@ def main(argv: list[str] | None = None) -> None:
 
     def validate(done: int) -> None:
         t = time.perf_counter()
-        specs = episode_specs(val_questions, tests, training.validation_samples)
-        episodes = rollout(rt, specs, runtime, graders, run=name, step=done, phase="val", seed=seed)
-        report = check_protocol(rt, episodes, runtime)
+        specs = episode_specs(sess.val_questions, sess.tests, training.validation_samples)
+        episodes = rollout(
+            sess.rt, specs, sess.runtime, sess.graders, run=name, step=done, phase="val", seed=sess.seed
+        )
+        report = check_protocol(sess.rt, episodes, sess.runtime)
         rows = validation_rows(episodes, run=name, step=done)
         journal.write_validation(root, done, episodes, report, rows, run=name)
         by = {r["source"]: r for r in rows}
@@ -174,39 +259,17 @@ def main(argv: list[str] | None = None) -> None:
     bar = tqdm(total=steps, initial=start, desc=name, file=sys.stderr, mininterval=0, ascii=True)
     for step in range(start, steps):
         t_step = time.perf_counter()
-        specs = episode_specs(step_questions(train_rows, step), tests, training.responses_per_question)
-        data = collect(
-            rt,
-            specs,
-            runtime,
-            graders,
-            potential,
-            gamma=ppo.gamma,
-            dose=run_cfg.dose,
-            run=name,
-            step=step,
-            seed=seed,
-            progress=lambda m, step=step: log(name, f"step {step}: {m}"),
-        )
-        journal.write_step_rollouts(root, step, data.episodes, data.report, run=name)
-        if data.report.violations:
-            raise SystemExit(
-                f"{name} step {step}: {data.report.violations} protocol violations; see "
-                f"{journal.step_dir(root, step) / 'protocol.json'}"
-            )
-        prep = prepare(ac, data.batch, ppo, runtime.temperature)
-        fill_records(data.episodes, prep)
-        journal.write_step_rollouts(root, step, data.episodes, data.report, run=name)  # + value, advantage
-        metrics = {**data.timings, **prep.metrics}
-        metrics.update(update(ac, data.batch, prep, optimizers, schedulers, ppo, runtime.temperature))
-        metrics.update(step_summary(data.episodes, data.report))
-        metrics["training/global_step"] = float(step + 1)
+
+        def journal_rollouts(data, step=step):
+            journal.write_step_rollouts(root, step, data.episodes, data.report, run=name)
+
+        data, metrics = train_step(sess, step, journal_rollouts)
         done = step + 1
         if done in points:
             validate(done)
         if done in checkpoint_points(steps, training.checkpoint_every):
             t = time.perf_counter()
-            save_compact(root, done, ac, optimizers, schedulers, {"run": name, "steps": steps})
+            save_compact(root, done, sess.ac, sess.optimizers, sess.schedulers, {"run": name, "steps": steps})
             metrics["timing_s/save_checkpoint"] = time.perf_counter() - t
         metrics["timing_s/step"] = time.perf_counter() - t_step
         metrics.update(peak_memory())
@@ -214,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
             root,
             step,
             metrics,
-            call_advantages(data.episodes, run=name, step=step, gamma=ppo.gamma, dose=run_cfg.dose),
+            call_advantages(data.episodes, run=name, step=step, gamma=sess.ppo.gamma, dose=sess.run_cfg.dose),
         )
         if wandb_run is not None:
             wandb_run.log(metrics, step=done)
@@ -241,14 +304,14 @@ def main(argv: list[str] | None = None) -> None:
         run_info={
             "run": name,
             "steps": steps,
-            "potential": run_cfg.potential,
-            "snapshot": getattr(potential, "source", None),
-            "snapshot_step": getattr(potential, "step", None),
-            "dose": run_cfg.dose,
+            "potential": sess.run_cfg.potential,
+            "snapshot": getattr(sess.potential, "source", None),
+            "snapshot_step": getattr(sess.potential, "step", None),
+            "dose": sess.run_cfg.dose,
             "resumed_from_step": start,
             "checkpoints": root.as_posix(),
         },
-        export=lambda folder: export_adapters(ac, folder),
+        export=lambda folder: export_adapters(sess.ac, folder),
         manifest={"stage": name, "inputs": inputs_of(args), "code": code_files(MODULE), "config": s},
     )
     log(name, "wrote", out=args.out)

@@ -1,0 +1,105 @@
+"""Checks of compact checkpoints: what they hold, that it is finite, that the optimizer covers it.
+
+Each check returns its JSON record and raises CheckFailed, naming the file and the tensor, on
+the first problem: a non-finite tensor, a base weight inside a compact checkpoint, a trainable
+tensor without optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from atlas.errors import InputError
+from atlas.hashing import sha256_file
+from atlas.model.policy import ROLES
+
+
+class CheckFailed(InputError):
+    """A check found what it exists to catch; the message names the file and the tensor."""
+
+
+ADAPTER = re.compile(r"\.(lora_[AB])\.[A-Za-z0-9_]+\.")
+OPTIM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
+
+
+def base_name(name: str) -> str:
+    """The base-model name a peft parameter wraps (LoRA parts stripped), for comparison."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def compact_checkpoint_validation(
+    folder: Path, base_names: set[str], *, step: int, rank: int = 0
+) -> list[dict]:
+    """One record per role: trainable names, critic head keys, file sizes, finite checks, and
+    proof that no base weight is present (every tensor is a LoRA factor or the value head, and
+    none has a base model parameter's name)."""
+    rows = []
+    for role in ROLES:
+        path = folder / f"{role}.safetensors"
+        tensors = load_file(str(path))
+        for name, t in sorted(tensors.items()):
+            if not torch.isfinite(t).all():
+                bad = int((~torch.isfinite(t)).sum())
+                raise CheckFailed(f"{path}: tensor {name} has {bad} non-finite values")
+            is_head = name.startswith("value_head.")
+            if (not is_head and not ADAPTER.search(name)) or base_name(name) in base_names:
+                raise CheckFailed(f"{path}: tensor {name} is a base weight; a compact checkpoint holds none")
+            if is_head and role != "critic":
+                raise CheckFailed(f"{path}: tensor {name} is the value head, which belongs to the critic")
+        rows.append(
+            {
+                "step": step,
+                "role": role,
+                "rank": rank,
+                "file": path.name,
+                "bytes": path.stat().st_size,
+                "tensors": len(tensors),
+                "parameters": sum(t.numel() for t in tensors.values()),
+                "trainable_names": sorted(tensors),
+                "critic_head_keys": sorted(n for n in tensors if n.startswith("value_head.")),
+                "all_finite": True,
+                "base_weights_present": 0,
+            }
+        )
+    return rows
+
+
+def optimizer_counts(folder: Path) -> dict[str, dict[str, int]]:
+    """Per role: trainable tensors and tensors with complete AdamW state; they must be equal."""
+    out = {}
+    for role in ROLES:
+        tensors = load_file(str(folder / f"{role}.safetensors"))
+        optim_path = folder / f"optim_{role}.safetensors"
+        fields: dict[str, set[str]] = {}
+        for key in load_file(str(optim_path)):
+            name, _, field = key.rpartition("::")
+            fields.setdefault(name, set()).add(field)
+        for name in sorted(tensors):
+            if fields.get(name, set()) != set(OPTIM_FIELDS):
+                have = sorted(fields.get(name, set()))
+                raise CheckFailed(
+                    f"{optim_path}: optimizer state of {name} has {have}, expected {list(OPTIM_FIELDS)}"
+                )
+        stray = sorted(set(fields) - set(tensors))
+        if stray:
+            raise CheckFailed(
+                f"{optim_path}: optimizer state for {stray[0]}, which is not a trainable tensor"
+            )
+        out[role] = {"trainable_tensors": len(tensors), "optimizer_states": len(fields)}
+    return out
+
+
+def adapter_hashes(adapters: Path) -> dict[str, str]:
+    return {
+        p.relative_to(adapters).as_posix(): sha256_file(p) for p in sorted(adapters.rglob("*")) if p.is_file()
+    }
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))

@@ -1,0 +1,149 @@
+"""CPU roundtrip of a compact checkpoint, and the batch arithmetic of a run's steps.
+
+cpu_roundtrip, for each checkpoint step_k of a run:
+    load it into a fresh policy (A); every tensor bit-equal to the file and finite;
+    save A again and load that into another fresh policy (B): tensors, and the actor's log-probs
+    and the critic's values on a fixed probe batch, bit-equal between A and B;
+    resume from A: the next step (k) gives exactly the metrics the run journaled for step k
+    (measured columns, timing_s/* and perf/*, left out).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+from safetensors.torch import load_file
+
+from atlas.checks.compact import CheckFailed
+from atlas.model.policy import ROLES, ActorCritic
+from atlas.rl.checkpoint import load_compact, save_compact
+
+
+def probe_batch(trajectories: Path, rows: int = 2) -> torch.Tensor:
+    """The first `rows` training trajectories of the run, cut to the shortest: [rows, T] ids."""
+    table = pq.read_table(trajectories).to_pylist()
+    picked = [r["token_ids"] for r in table if r["phase"] == "train"][:rows]
+    width = min(len(ids) for ids in picked)
+    return torch.tensor([ids[:width] for ids in picked])
+
+
+def probes(ac: ActorCritic, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        logp = torch.log_softmax(ac.actor_logits(ids).float(), -1)[:, :-1].gather(-1, ids[:, 1:, None])[
+            ..., 0
+        ]
+        return {"actor_logprobs": logp, "critic_values": ac.values(ids)}
+
+
+def tensors_match_file(ac: ActorCritic, folder: Path) -> int:
+    n = 0
+    for role in ROLES:
+        path = folder / f"{role}.safetensors"
+        saved, live = load_file(str(path)), ac.trainable(role)
+        for name, t in saved.items():
+            if not torch.isfinite(t).all():
+                raise CheckFailed(f"{path}: tensor {name} has non-finite values")
+            if not torch.equal(live[name].detach().cpu(), t):
+                raise CheckFailed(f"{path}: tensor {name} differs after loading it")
+            n += 1
+    return n
+
+
+def measured(name: str) -> bool:
+    return name.startswith(("timing_s/", "perf/"))
+
+
+def same_metrics(got: dict[str, float], want: dict[str, float], where: str) -> int:
+    keys = sorted(k for k in want if not measured(k))
+    for k in keys:
+        a, b = got.get(k), want[k]
+        if a is None or not (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))):
+            raise CheckFailed(f"{where}: metric {k} is {a!r} after resuming, the run logged {b!r}")
+    return len(keys)
+
+
+def cpu_roundtrip(
+    open_fresh, folder: Path, step: int, next_metrics: dict | None, ids: torch.Tensor, train_step
+) -> dict:
+    """`open_fresh()` gives a new training session (atlas.rl.train.Session); `train_step(sess, k)`
+    runs step k; `next_metrics` are the journaled metrics of step `step` (None after the last)."""
+    a = open_fresh()
+    state = load_compact(folder, a.ac, a.optimizers, a.schedulers)
+    if state["step"] != step:
+        raise CheckFailed(f"{folder / 'state.json'}: step {state['step']}, expected {step}")
+    checked = tensors_match_file(a.ac, folder)
+    before = probes(a.ac, ids)
+    with tempfile.TemporaryDirectory(prefix="atlas-roundtrip-") as tmp:
+        again = save_compact(tmp, step, a.ac, a.optimizers, a.schedulers, state["extra"])
+        b = open_fresh()
+        load_compact(again, b.ac, b.optimizers, b.schedulers)
+        tensors_match_file(b.ac, folder)
+        after = probes(b.ac, ids)
+    for key in before:
+        if not torch.equal(before[key], after[key]):
+            diff = (before[key] - after[key]).abs().max().item()
+            raise CheckFailed(
+                f"{folder}: {key} on the probe batch differ after a save/load roundtrip (max {diff})"
+            )
+    resumed = None
+    if next_metrics is not None:
+        load_compact(folder, a.ac, a.optimizers, a.schedulers)  # the RNGs as saved, again
+        _, metrics = train_step(a, step)
+        resumed = same_metrics(metrics, next_metrics, f"{folder}: resuming into step {step}")
+    return {
+        "step": step,
+        "checkpoint": folder.as_posix(),
+        "tensors_bit_equal": checked,
+        "all_finite": True,
+        "probe_rows": int(ids.shape[0]),
+        "probe_tokens": int(ids.numel()),
+        "probe_logprobs_equal": True,
+        "probe_values_equal": True,
+        "next_step_metrics_equal": resumed,  # number of metrics compared; None after the last step
+    }
+
+
+def batch_math(records, trajectories, *, steps: int, questions: int, responses: int, ppo) -> list[dict]:
+    """Per step: questions, trajectories, generations, tokens, mini-batches, micro-batches and
+    optimizer steps, checked against the config (the report: 32 x 8 -> 256 trajectories)."""
+    rows = []
+    for k in range(steps):
+        recs = [r for r in records if r["phase"] == "train" and r["step"] == k]
+        trajs = [t for t in trajectories if t["phase"] == "train" and t["step"] == k]
+        n_q = len({r["question_uid"] for r in trajs})
+        n_t = len(trajs)
+        where = f"batch_math: step {k}"
+        if n_q != questions:
+            raise CheckFailed(f"{where}: {n_q} questions, the config says {questions}")
+        if n_t != questions * responses:
+            raise CheckFailed(
+                f"{where}: {n_t} trajectories, the config says {questions} x {responses} = {questions * responses}"
+            )
+        if len(recs) != sum(t["turns"] for t in trajs):
+            raise CheckFailed(
+                f"{where}: {len(recs)} records for {sum(t['turns'] for t in trajs)} generations"
+            )
+        mini = -(-n_t // ppo.mini_batches)
+        micro_per_mini = -(-mini // ppo.micro_batch_size)
+        rows.append(
+            {
+                "step": k,
+                "questions": n_q,
+                "responses_per_question": responses,
+                "trajectories": n_t,
+                "generations": len(recs),
+                "tokens": sum(len(t["token_ids"]) for t in trajs),
+                "sampled_tokens": sum(sum(t["sampled"]) for t in trajs),
+                "epochs": ppo.epochs,
+                "mini_batches": ppo.mini_batches,
+                "trajectories_per_mini_batch": mini,
+                "micro_batches": ppo.epochs * ppo.mini_batches * micro_per_mini,
+                "micro_batch_size": ppo.micro_batch_size,
+                "optimizer_steps_per_role": ppo.epochs * ppo.mini_batches,
+            }
+        )
+    return rows

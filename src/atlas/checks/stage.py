@@ -1,0 +1,146 @@
+"""Checks stage: the records that prove a training run's checkpoints and batches are sound.
+
+    results/checks/<run>/
+        compact_checkpoint_validation.json  per step, role and rank: trainable names, critic head
+                                            keys, file sizes, finite checks, no base weight
+        checkpoint_validation.json          per step: optimizer states = trainable tensors, per
+                                            role; the exported adapters' hashes; the exported
+                                            actor, loaded with peft, reproduces the actor's log-probs
+        cpu_roundtrip.json                  per checkpoint (see atlas.checks.roundtrip)
+        batch_math.json                     per step: questions, trajectories, ... vs the config
+        timing_analysis.json                per step: native phase times and peak memory
+        MANIFEST.json
+
+Any failed check stops the stage with a message naming the file and the tensor; nothing is
+written then. The config slice is the training run's own, so the checks rerun with the run.
+
+    python -m atlas.checks.stage --config-slice '{...}' --train ... --val ... --tests ... \
+        --model results/models/tiny [--snapshot ...] --checkpoints results/checkpoints/<run> \
+        --run-folder results/runs/<run> --out results/checks/<run>
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from atlas.checks.compact import (
+    CheckFailed,
+    adapter_hashes,
+    compact_checkpoint_validation,
+    optimizer_counts,
+    read_json,
+)
+from atlas.checks.roundtrip import batch_math, cpu_roundtrip, probe_batch, probes
+from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
+from atlas.rl.checkpoint import load_compact
+from atlas.rl.train import inputs_of, open_session, parser, train_step
+from atlas.stage import code_files, log, run
+
+MODULE = "atlas.checks.stage"
+
+
+def verify_index(index: dict) -> None:
+    """Every checkpoint file still has the bytes the run recorded in checkpoints.json."""
+    for c in index["checkpoints"]:
+        for name, entry in c["files"].items():
+            path = Path(c["path"]) / name
+            if not path.is_file():
+                raise CheckFailed(f"{path}: missing; checkpoints.json lists it")
+            if (digest := sha256_file(path)) != entry["sha256"]:
+                raise CheckFailed(f"{path}: sha256 {digest}, checkpoints.json recorded {entry['sha256']}")
+
+
+def timing_rows(metrics: list[dict]) -> list[dict]:
+    return [
+        {"step": m["step"], **{k: v for k, v in m.items() if k.startswith(("timing_s/", "perf/"))}}
+        for m in metrics
+    ]
+
+
+def exported_actor_reproduces(model_dir: Path, adapters: Path, sess, ids: torch.Tensor) -> float:
+    """Max |log-prob difference| between the exported actor (peft) and the checkpointed actor."""
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir), adapters / "actor"
+    )
+    with torch.no_grad():
+        logits = peft_model(input_ids=ids).logits.float()
+    exported = torch.log_softmax(logits, -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    return (exported - probes(sess.ac, ids)["actor_logprobs"]).abs().max().item()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--run-folder", required=True, type=Path, help="results/runs/<run>")
+    args = p.parse_args(argv)
+    s = args.config_slice
+    name = s["training"]["run"]["name"]
+    folder = args.run_folder
+    index = read_json(folder / "checkpoints.json")
+    verify_index(index)
+    base_names = {n for n, _ in AutoModelForCausalLM.from_pretrained(args.model).named_parameters()}
+    metrics = [json.loads(json.dumps(m)) for m in pq.read_table(folder / "step_metrics.parquet").to_pylist()]
+    by_step = {m["step"]: m for m in metrics}
+    ids = probe_batch(folder / "trajectories.parquet")
+
+    def open_fresh():
+        return open_session(s, args)
+
+    compact, optim, roundtrips = [], [], []
+    for c in index["checkpoints"]:
+        ckpt, k = Path(c["path"]), c["step"]
+        compact.extend(compact_checkpoint_validation(ckpt, base_names, step=k))
+        optim.append({"step": k, **optimizer_counts(ckpt)})
+        roundtrips.append(cpu_roundtrip(open_fresh, ckpt, k, by_step.get(k), ids, train_step))
+        log(name, "checkpoint checked", step=k)
+
+    last = open_fresh()
+    load_compact(Path(index["checkpoints"][-1]["path"]), last.ac, last.optimizers, last.schedulers)
+    gap = exported_actor_reproduces(args.model, folder / "adapters", last, ids)
+    if gap != 0.0:
+        raise CheckFailed(
+            f"{folder / 'adapters/actor'}: exported actor log-probs differ by {gap} from the last checkpoint's"
+        )
+    training = last.training
+    batches = batch_math(
+        pq.read_table(folder / "records.parquet").to_pylist(),
+        pq.read_table(folder / "trajectories.parquet").to_pylist(),
+        steps=last.steps,
+        questions=s["schedule"]["questions_per_step"],
+        responses=training.responses_per_question,
+        ppo=training.ppo,
+    )
+
+    with atomic_dir(args.out) as tmp:
+        atomic_write_json(tmp / "compact_checkpoint_validation.json", {"run": name, "rows": compact})
+        atomic_write_json(
+            tmp / "checkpoint_validation.json",
+            {
+                "run": name,
+                "optimizer_counts": optim,
+                "exported_adapters": adapter_hashes(folder / "adapters"),
+                "exported_actor_logprob_max_abs_diff": gap,
+            },
+        )
+        atomic_write_json(tmp / "cpu_roundtrip.json", {"run": name, "checkpoints": roundtrips})
+        atomic_write_json(tmp / "batch_math.json", {"run": name, "steps": batches})
+        atomic_write_json(
+            tmp / "timing_analysis.json", {"run": name, "device": "cpu", "steps": timing_rows(metrics)}
+        )
+        write_manifest(
+            tmp,
+            stage=f"checks/{name}",
+            inputs=[*inputs_of(args), *sorted(p for p in folder.rglob("*") if p.is_file())],
+            code=code_files(MODULE),
+            config=s,
+        )
+    log(name, "checks passed", out=args.out, checkpoints=len(roundtrips))
+
+
+if __name__ == "__main__":
+    run(main)
