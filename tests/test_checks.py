@@ -193,3 +193,7 @@ def test_resumed_metrics_must_match_exactly():
     )
     with pytest.raises(CheckFailed, match=r"x: metric critic/vf_loss is 1.5000000001 after resuming"):
         same_metrics({"actor/pg_loss": 0.25, "critic/vf_loss": 1.5000000001}, logged, "x")
+    # A metric the logged step did not have (null in step_metrics.parquet) must stay absent.
+    assert same_metrics({"score/gpqa/mean": 1.0}, {"score/gpqa/mean": 1.0, "score/lcb/mean": None}, "x") == 2
+    with pytest.raises(CheckFailed, match=r"x: metric score/lcb/mean is 0.0 after resuming, the run had none"):
+        same_metrics({"score/lcb/mean": 0.0}, {"score/lcb/mean": None}, "x")

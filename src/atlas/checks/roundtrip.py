@@ -57,11 +57,17 @@ def measured(name: str) -> bool:
     return name.startswith(("timing_s/", "perf/"))
 
 
-def same_metrics(got: dict[str, float], want: dict[str, float], where: str) -> int:
+def same_metrics(got: dict[str, float], want: dict[str, float | None], where: str) -> int:
+    """Compare every computed metric; `want` comes from step_metrics.parquet, where a metric the
+    step did not have (no LCB question that step: no completed/lcb) is null."""
     keys = sorted(k for k in want if not measured(k))
     for k in keys:
         a, b = got.get(k), want[k]
-        if a is None or not (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))):
+        if b is None:
+            if a is not None:
+                raise CheckFailed(f"{where}: metric {k} is {a!r} after resuming, the run had none")
+            continue
+        if a is None or not (a == b or (math.isnan(a) and math.isnan(b))):
             raise CheckFailed(f"{where}: metric {k} is {a!r} after resuming, the run logged {b!r}")
     return len(keys)
 
