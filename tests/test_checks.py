@@ -187,7 +187,7 @@ def test_a_batch_size_mismatch_is_named(pipeline):
 
 
 def test_resumed_metrics_must_match_exactly():
-    logged = {"actor/pg_loss": 0.25, "critic/vf_loss": 1.5, "timing_s/step": 3.0}
+    logged = {"run": "arm", "step": 1, "actor/pg_loss": 0.25, "critic/vf_loss": 1.5, "timing_s/step": 3.0}
     assert (
         same_metrics({"actor/pg_loss": 0.25, "critic/vf_loss": 1.5, "timing_s/step": 9.9}, logged, "x") == 2
     )
