@@ -68,16 +68,17 @@ rule checks:
         tests=rules.prepare_data.output.tests,
         model=MODEL_DIR,
         snapshot=lambda wc: snapshot_folder(ATLAS.training.runs[wc.run].snapshot_of),
+        distributed="results/checks/{run}.distributed",
         code=code("atlas.checks.stage"),
     output:
         directory("results/checks/{run}"),
-    wildcard_constraints:
-        run="|".join(TRAINING_RUNS),
     log:
         "results/logs/checks_{run}.log",
-    threads: workflow.cores
+    wildcard_constraints:
+        run="|".join(TRAINING_RUNS),
     conda:
         "../envs/atlas.yaml"
+    threads: workflow.cores
     params:
         slice=lambda wc: canonical_json(config_slice(ATLAS, "training", wc.run)),
         snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
@@ -85,4 +86,32 @@ rule checks:
         "OMP_NUM_THREADS={threads} python -m atlas.checks.stage --config-slice {params.slice:q}"
         " --train {input.train} --val {input.val} --tests {input.tests} --model {input.model}"
         " {params.snapshot} --checkpoints results/checkpoints/{wildcards.run}"
-        " --run-folder {input.run} --out {output} > {log} 2>&1"
+        " --run-folder {input.run} --distributed {input.distributed} --out {output} > {log} 2>&1"
+
+
+rule distributed_roundtrip:
+    """The last checkpoint in an FSDP2-sharded policy, one step on 2 ranks under torchrun."""
+    input:
+        run="results/runs/{run}",
+        model=MODEL_DIR,
+        code=code("atlas.checks.distributed"),
+    output:
+        temp(directory("results/checks/{run}.distributed")),
+    log:
+        "results/logs/distributed_roundtrip_{run}.log",
+    wildcard_constraints:
+        run="|".join(TRAINING_RUNS),
+    conda:
+        "../envs/atlas.yaml"
+    threads: workflow.cores
+    resources:
+        gpu=min(2, ATLAS.resources.gpus),
+    params:
+        training=lambda wc: canonical_json(
+            config_slice(ATLAS, "training", wc.run)["training"]
+        ),
+        seed=ATLAS.seed,
+    shell:
+        "OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m atlas.checks.distributed"
+        " --model {input.model} --run-folder {input.run} --training {params.training:q}"
+        " --seed {params.seed} --out {output} > {log} 2>&1"

@@ -4,7 +4,10 @@ exists to catch, triggered on purpose on copies of real checkpoints."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -14,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from atlas.checks.compact import CheckFailed, compact_checkpoint_validation, optimizer_counts
 from atlas.checks.roundtrip import batch_math, same_metrics
 from atlas.checks.stage import verify_index
-from atlas.config import load_config
+from atlas.config import config_slice, load_config
 from atlas.hashing import verify
 from conftest import REPO
 
@@ -195,5 +198,64 @@ def test_resumed_metrics_must_match_exactly():
         same_metrics({"actor/pg_loss": 0.25, "critic/vf_loss": 1.5000000001}, logged, "x")
     # A metric the logged step did not have (null in step_metrics.parquet) must stay absent.
     assert same_metrics({"score/gpqa/mean": 1.0}, {"score/gpqa/mean": 1.0, "score/lcb/mean": None}, "x") == 2
-    with pytest.raises(CheckFailed, match=r"x: metric score/lcb/mean is 0.0 after resuming, the run had none"):
+    with pytest.raises(
+        CheckFailed, match=r"x: metric score/lcb/mean is 0.0 after resuming, the run had none"
+    ):
         same_metrics({"score/lcb/mean": 0.0}, {"score/lcb/mean": None}, "x")
+
+
+DISTRIBUTED_KEYS = {
+    "rank",
+    "world_size",
+    "backend",
+    "device",
+    "checkpoint",
+    "step",
+    "batch_rows",
+    "rows_on_this_rank",
+    "tokens",
+    "loaded_tensors_equal",
+    "grad_max_abs_diff_vs_single_process",
+    "tolerance",
+    "grads_within_tolerance",
+    "tensors_out_of_tolerance",
+    "parameter_digest",
+    "digests_agree_across_ranks",
+    "diverged_tensors",
+}
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_distributed_roundtrip_records(pipeline, run):
+    ranks = [
+        json.loads((pipeline / f"results/checks/{run}/distributed_roundtrip_rank_{r}.json").read_text())
+        for r in (0, 1)
+    ]
+    for r, rec in enumerate(ranks):
+        assert set(rec) == DISTRIBUTED_KEYS
+        assert (rec["rank"], rec["world_size"], rec["backend"], rec["step"]) == (r, 2, "gloo", RUNS[run])
+        assert (
+            rec["loaded_tensors_equal"]
+            and rec["grads_within_tolerance"]
+            and rec["digests_agree_across_ranks"]
+        )
+        assert rec["rows_on_this_rank"] * 2 == rec["batch_rows"] == 4
+        assert rec["grad_max_abs_diff_vs_single_process"] < 1e-4
+    assert ranks[0]["parameter_digest"] == ranks[1]["parameter_digest"]
+
+
+def test_a_diverging_rank_is_named(pipeline, tmp_path):
+    training = config_slice(CFG, "training", "zero_potential")["training"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["-m", "atlas.checks.distributed", "--model", "results/models/tiny", "--run-folder"]
+    cmd += ["results/runs/zero_potential", "--training", json.dumps(training), "--out", str(tmp_path)]
+    proc = subprocess.run(
+        [*cmd, "--perturb-rank", "1"], cwd=pipeline, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode != 0
+    assert re.search(
+        r"error: rank [01]: gradient of \S+lora_\S+\.actor\.weight differs from the single-process step",
+        proc.stderr,
+    )
+    rec = json.loads((tmp_path / "distributed_roundtrip_rank_1.json").read_text())
+    assert not rec["grads_within_tolerance"] and rec["tensors_out_of_tolerance"]

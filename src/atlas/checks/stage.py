@@ -7,6 +7,7 @@
                                             role; the exported adapters' hashes; the exported
                                             actor, loaded with peft, reproduces the actor's log-probs
         cpu_roundtrip.json                  per checkpoint (see atlas.checks.roundtrip)
+        distributed_roundtrip_rank_<r>.json FSDP2, world size 2 (see atlas.checks.distributed)
         batch_math.json                     per step: questions, trajectories, ... vs the config
         timing_analysis.json                per step: native phase times and peak memory
         MANIFEST.json
@@ -22,6 +23,7 @@ written then. The config slice is the training run's own, so the checks rerun wi
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -77,6 +79,7 @@ def exported_actor_reproduces(model_dir: Path, adapters: Path, sess, ids: torch.
 def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--run-folder", required=True, type=Path, help="results/runs/<run>")
+    p.add_argument("--distributed", required=True, type=Path, help="the distributed roundtrip's rank files")
     args = p.parse_args(argv)
     s = args.config_slice
     name = s["training"]["run"]["name"]
@@ -116,7 +119,19 @@ def main(argv: list[str] | None = None) -> None:
         ppo=training.ppo,
     )
 
+    ranks = sorted(args.distributed.glob("distributed_roundtrip_rank_*.json"))
+    for path in ranks:
+        r = read_json(path)
+        if not (
+            r["loaded_tensors_equal"] and r["grads_within_tolerance"] and r["digests_agree_across_ranks"]
+        ):
+            raise CheckFailed(f"{path}: the distributed roundtrip failed on rank {r['rank']}")
+    if len(ranks) != 2:
+        raise CheckFailed(f"{args.distributed}: {len(ranks)} rank files, expected 2")
+
     with atomic_dir(args.out) as tmp:
+        for path in ranks:
+            shutil.copyfile(path, tmp / path.name)
         atomic_write_json(tmp / "compact_checkpoint_validation.json", {"run": name, "rows": compact})
         atomic_write_json(
             tmp / "checkpoint_validation.json",
