@@ -113,6 +113,9 @@ def test_checks_records(pipeline, run, monkeypatch):
     timing = json.loads((folder / "timing_analysis.json").read_text())
     assert [t["step"] for t in timing["steps"]] == list(range(steps))
     assert all(t["timing_s/step"] > 0 and t["perf/cpu_memory_used_gb"] > 0 for t in timing["steps"])
+    for t in timing["steps"]:  # sampled while training: at least one reading a step
+        assert t["sampled"]["samples"] >= 1 and t["sampled"]["rss_gb_max"] > 0.1
+        assert t["sampled"]["cpu_utilization_pct_mean"] > 0 and t["sampled"]["gpu_utilization_pct_mean"] is None
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@
         cpu_roundtrip.json                  per checkpoint (see atlas.checks.roundtrip)
         distributed_roundtrip_rank_<r>.json FSDP2, world size 2 (see atlas.checks.distributed)
         batch_math.json                     per step: questions, trajectories, ... vs the config
-        timing_analysis.json                per step: native phase times and peak memory
+        timing_analysis.json                per step: native phase times, peak memory, and the
+                                            sampled readings (RSS, CPU %; nvidia-smi on GPUs)
         MANIFEST.json
 
 Any failed check stops the stage with a message naming the file and the tensor; nothing is
@@ -58,11 +59,31 @@ def verify_index(index: dict) -> None:
                 raise CheckFailed(f"{path}: sha256 {digest}, checkpoints.json recorded {entry['sha256']}")
 
 
-def timing_rows(metrics: list[dict]) -> list[dict]:
-    return [
-        {"step": m["step"], **{k: v for k, v in m.items() if k.startswith(("timing_s/", "perf/"))}}
-        for m in metrics
-    ]
+def timing_rows(metrics: list[dict], samples: list[dict]) -> list[dict]:
+    """Per step: the native phase times and peak memory, and a summary of the sampled readings."""
+    by_step = {s["step"]: s["samples"] for s in samples}
+    rows = []
+    for m in metrics:
+        got = by_step.get(m["step"], [])
+        gpu = [g for s in got for g in s["gpus"]]
+        rows.append(
+            {
+                "step": m["step"],
+                **{k: v for k, v in m.items() if k.startswith(("timing_s/", "perf/"))},
+                "sampled": {
+                    "samples": len(got),
+                    "rss_gb_max": max((s["rss_gb"] for s in got), default=None),
+                    "cpu_utilization_pct_mean": sum(s["cpu_utilization_pct"] for s in got) / len(got)
+                    if got
+                    else None,
+                    "gpu_utilization_pct_mean": sum(g["utilization_pct"] for g in gpu) / len(gpu)
+                    if gpu
+                    else None,
+                    "gpu_memory_used_gb_max": max((g["memory_used_gb"] for g in gpu), default=None),
+                },
+            }
+        )
+    return rows
 
 
 def exported_actor_reproduces(model_dir: Path, adapters: Path, sess, ids: torch.Tensor) -> float:
@@ -145,7 +166,12 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write_json(tmp / "cpu_roundtrip.json", {"run": name, "checkpoints": roundtrips})
         atomic_write_json(tmp / "batch_math.json", {"run": name, "steps": batches})
         atomic_write_json(
-            tmp / "timing_analysis.json", {"run": name, "device": "cpu", "steps": timing_rows(metrics)}
+            tmp / "timing_analysis.json",
+            {
+                "run": name,
+                "device": "cpu",
+                "steps": timing_rows(metrics, read_json(folder / "device_samples.json")),
+            },
         )
         write_manifest(
             tmp,

@@ -5,7 +5,8 @@
         step_<k>/                       compact checkpoints (atlas.rl.checkpoint), k = steps done
         journal/step_<k>/               step k's rollouts: records.parquet, trajectories.parquet,
                                         protocol.json (written before the update), then
-                                        metrics.json and call_advantages.parquet (after it)
+                                        metrics.json, call_advantages.parquet and samples.json
+                                        (device readings) after it
         journal/val_<k>/                validation after k steps: records, trajectories,
                                         protocol.json, validation.json
         wandb/                          the live wandb log
@@ -14,6 +15,7 @@
         records.parquet, trajectories.parquet   train and validation phases together
         step_metrics.parquet            one row per step (verl metric names; timing_s/*, perf/*)
         call_advantages.parquet         per step, turn and tool
+        device_samples.json             sampled RSS / CPU (and nvidia-smi) readings per step
         validation.parquet              per validation point and source: the arm's curve
         protocol.json                   counts over every train and validation episode
         checkpoints.json                every checkpoint's path and file hashes
@@ -93,8 +95,11 @@ def write_step_rollouts(root: Path, step: int, episodes, report, *, run: str) ->
     write_rollouts(folder, episodes, report, run=run, step=step, phase="train")
 
 
-def write_step_results(root: Path, step: int, metrics: dict[str, float], call_rows: list[dict]) -> None:
+def write_step_results(
+    root: Path, step: int, metrics: dict[str, float], call_rows: list[dict], samples: list[dict]
+) -> None:
     folder = step_dir(root, step)
+    atomic_write_json(folder / "samples.json", samples)
     atomic_write_json(folder / "metrics.json", metrics)
     write_table(folder / "call_advantages.parquet", call_rows)
 
@@ -172,6 +177,10 @@ def assemble(
         }
         totals = _protocol_totals([d / "protocol.json" for d in (*train, *val)])
         atomic_write_json(tmp / "protocol.json", {**totals, **protocol})
+        samples = [
+            {"step": k, "samples": json.loads((d / "samples.json").read_text())} for k, d in enumerate(train)
+        ]
+        atomic_write_json(tmp / "device_samples.json", samples)
         atomic_write_json(tmp / "checkpoints.json", checkpoint_index(root, checkpoints))
         atomic_write_json(tmp / "run.json", run_info)
         export(tmp / "adapters")

@@ -50,6 +50,7 @@ from atlas.rl.rollout import (
     step_summary,
     validation_rows,
 )
+from atlas.rl.sampler import DeviceSampler
 from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
 from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser, smoke_slice
 from atlas.runtime.session import Runtime, load_model, make_runtime
@@ -257,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     if start == 0:
         validate(0)
     bar = tqdm(total=steps, initial=start, desc=name, file=sys.stderr, mininterval=0, ascii=True)
+    sampler = DeviceSampler().start()  # a daemon thread: it dies with the job on a crash
     for step in range(start, steps):
         t_step = time.perf_counter()
 
@@ -278,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
             step,
             metrics,
             call_advantages(data.episodes, run=name, step=step, gamma=sess.ppo.gamma, dose=sess.run_cfg.dose),
+            sampler.take(),
         )
         if wandb_run is not None:
             wandb_run.log(metrics, step=done)
@@ -291,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
             seconds=round(metrics["timing_s/step"], 1),
         )
     bar.close()
+    sampler.stop()
     if wandb_run is not None:
         wandb_run.finish()
 
