@@ -133,6 +133,11 @@ def _protocol_totals(paths: list[Path]) -> dict[str, Any]:
     return {**total, "violation_rows": rows}
 
 
+def _read_samples(path: Path) -> list[dict]:
+    """A step's device readings; a journal written before the sampler existed has none."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+
 def checkpoint_index(root: Path, steps: list[int]) -> dict[str, Any]:
     """Each checkpoint's folder and its MANIFEST's file hashes (what a snapshot reader verifies)."""
     out = []
@@ -177,9 +182,7 @@ def assemble(
         }
         totals = _protocol_totals([d / "protocol.json" for d in (*train, *val)])
         atomic_write_json(tmp / "protocol.json", {**totals, **protocol})
-        samples = [
-            {"step": k, "samples": json.loads((d / "samples.json").read_text())} for k, d in enumerate(train)
-        ]
+        samples = [{"step": k, "samples": _read_samples(d / "samples.json")} for k, d in enumerate(train)]
         atomic_write_json(tmp / "device_samples.json", samples)
         atomic_write_json(tmp / "checkpoints.json", checkpoint_index(root, checkpoints))
         atomic_write_json(tmp / "run.json", run_info)
