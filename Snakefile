@@ -53,3 +53,4 @@ rule all:
         expand("results/runs/{run}", run=TRAINING_RUNS),
         rules.dose_step.output,
         expand("results/checks/{run}", run=TRAINING_RUNS),
+        expand("results/validation/{policy}", policy=ATLAS.validation.policies),

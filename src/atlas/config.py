@@ -357,6 +357,16 @@ class SmokeConfig(_Strict):
     samples: int = Field(default=1, ge=1, description="Episodes per question.")
 
 
+class ValidationConfig(_Strict):
+    """Full validation: each policy over the whole validation set."""
+
+    samples: int = Field(default=1, ge=1, description="Episodes per validation question.")
+    policies: list[str] = Field(
+        default=["base", "zero_potential", "frozen_potential"],
+        description="'base' (the model without adapters) and training runs whose final actor is validated.",
+    )
+
+
 class ResourcesConfig(_Strict):
     """Compute the jobs ask for; profiles map these to SLURM or Kubernetes."""
 
@@ -385,8 +395,18 @@ class AtlasConfig(_Strict):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Tool runtime limits.")
     graders: GraderConfig = Field(default_factory=GraderConfig, description="Sandboxed program runs.")
     smoke: SmokeConfig = Field(default_factory=SmokeConfig, description="The smoke stage.")
+    validation: ValidationConfig = Field(
+        default_factory=ValidationConfig, description="Full validation of the final policies and the base."
+    )
     training: TrainingConfig = Field(description="Training shape.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Compute per job.")
+
+    @model_validator(mode="after")
+    def _policies_exist(self) -> AtlasConfig:
+        for policy in self.validation.policies:
+            if policy != "base" and policy not in self.training.runs:
+                raise ValueError(f"validation.policies: {policy!r} is neither 'base' nor a training run")
+        return self
 
     @model_validator(mode="after")
     def _runs_fit_schedule(self) -> AtlasConfig:
@@ -451,6 +471,7 @@ STAGE_SLICES: dict[str, tuple[str, ...]] = {
     "boundary": ("seed", "runtime", "graders", "resources"),
     "training": ("seed", "schedule", "runtime", "graders", "training", "resources"),
     "dose_step": ("seed", "schedule", "runtime", "graders", "training", "resources"),
+    "validation": ("seed", "runtime", "graders", "training", "resources", "validation"),
 }
 
 
@@ -461,14 +482,20 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
         config = parse_config(config)
     dumped = config.model_dump(mode="json")
     out = {key: dumped[key] for key in STAGE_SLICES[stage]}
-    if stage in ("training", "dose_step"):
+    if stage in ("training", "dose_step", "validation"):
         training = dict(out["training"])
         runs, dose = training.pop("runs"), training.pop("dose_step")
-        if stage == "training":
+        if stage == "validation":  # the policy's adapter shape; its run folder is an input
+            training = {
+                k: training[k] for k in ("lora_rank", "lora_alpha", "lora_targets", "responses_per_question")
+            }
+        elif stage == "training":
             if run not in runs:
                 raise KeyError(f"no training run {run!r}; configured: {sorted(runs)}")
             training["run"] = {**runs[run], "name": run, "steps": config.run_steps(run)}
         else:
             training["run"] = {**dose, "name": "dose_step"}
         out["training"] = training
+    if stage == "validation":
+        out["validation"] = {"samples": dumped["validation"]["samples"]}  # not the list of policies
     return out
