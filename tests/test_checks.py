@@ -115,7 +115,9 @@ def test_checks_records(pipeline, run, monkeypatch):
     assert all(t["timing_s/step"] > 0 and t["perf/cpu_memory_used_gb"] > 0 for t in timing["steps"])
     for t in timing["steps"]:  # sampled while training: at least one reading a step
         assert t["sampled"]["samples"] >= 1 and t["sampled"]["rss_gb_max"] > 0.1
-        assert t["sampled"]["cpu_utilization_pct_mean"] > 0 and t["sampled"]["gpu_utilization_pct_mean"] is None
+        assert (
+            t["sampled"]["cpu_utilization_pct_mean"] > 0 and t["sampled"]["gpu_utilization_pct_mean"] is None
+        )
 
 
 @pytest.fixture
@@ -262,3 +264,46 @@ def test_a_diverging_rank_is_named(pipeline, tmp_path):
     )
     rec = json.loads((tmp_path / "distributed_roundtrip_rank_1.json").read_text())
     assert not rec["grads_within_tolerance"] and rec["tensors_out_of_tolerance"]
+
+
+@pytest.mark.parametrize("policy", CFG.validation.policies)
+def test_full_validation_of_each_policy(pipeline, policy, monkeypatch):
+    monkeypatch.chdir(pipeline)
+    folder = pipeline / "results/validation" / policy
+    assert verify(folder) == []
+    val = pq.read_table(pipeline / "results/data/val.parquet").num_rows
+    summary = json.loads((folder / "validation.json").read_text())
+    assert set(summary) == {
+        "policy",
+        "trajectories",
+        "completed",
+        "protocol",
+        "by_source",
+        "weight_probes",
+        "software",
+    }
+    assert summary["trajectories"] == summary["completed"] == val * CFG.validation.samples
+    assert summary["protocol"]["violations"] == 0 and summary["protocol"]["episodes"] == val
+    assert {r["source"] for r in summary["by_source"]} == {"gpqa", "lcb", "all"}
+    for probe in summary["weight_probes"]["base_tensors"].values():
+        assert probe["live"] == probe["file"]
+    if policy == "base":
+        assert "lora_tensors_changed" not in summary["weight_probes"]
+    else:
+        changed = summary["weight_probes"]["lora_tensors_changed"]
+        assert 0 < changed["changed"] <= changed["of"] == 2 * 7 * 2
+    assert {
+        "python",
+        "torch",
+        "transformers",
+        "peft",
+        "xgrammar",
+        "snakemake",
+        "polars",
+        "cuda",
+        "device",
+    } <= set(summary["software"])
+    answers = pq.read_table(folder / "answers.parquet").to_pylist()
+    assert len(answers) == val and all(a["completed"] and a["final_answer"] for a in answers)
+    records = pq.read_table(folder / "records.parquet").to_pylist()
+    assert {r["phase"] for r in records} == {"val"}
