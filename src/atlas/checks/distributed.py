@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
+from atlas.checks.roundtrip import next_token_logprobs
 from atlas.config import TrainingConfig
 from atlas.hashing import atomic_write_json
 from atlas.model.policy import ROLES, ActorCritic
@@ -74,9 +75,7 @@ def losses(
         out["critic"] = ((v - score[:, None]) ** 2 * mask).sum() / total_tokens * scale
         out["critic"].backward()
     with ac.role("actor"):
-        logp = torch.log_softmax(ac.actor_logits(ids).float(), -1)[:, :-1].gather(-1, ids[:, 1:, None])[
-            ..., 0
-        ]
+        logp = next_token_logprobs(ac.actor_logits(ids), ids)
         out["actor"] = (-(adv * logp) * mask).sum() / total_tokens * scale
         out["actor"].backward()
     return out

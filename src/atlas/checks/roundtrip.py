@@ -31,12 +31,18 @@ def probe_batch(trajectories: Path, rows: int = 2) -> torch.Tensor:
     return torch.tensor([ids[:width] for ids in picked])
 
 
+def next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[B, T-1] log p(ids[:, t+1]) under the full (unmasked) distribution at t. The checks use
+    it as a plain probe of the weights; training uses the grammar-masked log-probs instead."""
+    return torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+
+
 def probes(ac: ActorCritic, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     with torch.no_grad():
-        logp = torch.log_softmax(ac.actor_logits(ids).float(), -1)[:, :-1].gather(-1, ids[:, 1:, None])[
-            ..., 0
-        ]
-        return {"actor_logprobs": logp, "critic_values": ac.values(ids)}
+        return {
+            "actor_logprobs": next_token_logprobs(ac.actor_logits(ids), ids),
+            "critic_values": ac.values(ids),
+        }
 
 
 def tensors_match_file(ac: ActorCritic, folder: Path) -> int:

@@ -39,7 +39,7 @@ from atlas.checks.compact import (
     optimizer_counts,
     read_json,
 )
-from atlas.checks.roundtrip import batch_math, cpu_roundtrip, probe_batch, probes
+from atlas.checks.roundtrip import batch_math, cpu_roundtrip, next_token_logprobs, probe_batch, probes
 from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
 from atlas.rl.checkpoint import load_compact
 from atlas.rl.train import inputs_of, open_session, parser, train_step
@@ -92,8 +92,7 @@ def exported_actor_reproduces(model_dir: Path, adapters: Path, sess, ids: torch.
         AutoModelForCausalLM.from_pretrained(model_dir), adapters / "actor"
     )
     with torch.no_grad():
-        logits = peft_model(input_ids=ids).logits.float()
-    exported = torch.log_softmax(logits, -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+        exported = next_token_logprobs(peft_model(input_ids=ids).logits, ids)
     return (exported - probes(sess.ac, ids)["actor_logprobs"]).abs().max().item()
 
 
