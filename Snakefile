@@ -1,6 +1,6 @@
 """ATLAS Report 25 as a Snakemake pipeline.
 
-    snakemake --cores all results/data/val.parquet results/models/tiny
+    snakemake --cores all results/report25/              # everything, ending in the report folder
     snakemake -n                                  # plan
     snakemake --configfile config/report25.yaml --profile profiles/slurm ...
 
@@ -41,6 +41,7 @@ include: "rules/data.smk"
 include: "rules/model.smk"
 include: "rules/runtime.smk"
 include: "rules/training.smk"
+include: "rules/report.smk"
 
 
 rule all:
@@ -54,3 +55,4 @@ rule all:
         rules.dose_step.output,
         expand("results/checks/{run}", run=TRAINING_RUNS),
         expand("results/validation/{policy}", policy=ATLAS.validation.policies),
+        rules.report.output,

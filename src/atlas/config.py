@@ -367,6 +367,21 @@ class ValidationConfig(_Strict):
     )
 
 
+class ReportConfig(_Strict):
+    """The report folder (results/report25/): which runs are the study's arms."""
+
+    arms: list[str] = Field(
+        default=["zero_potential", "frozen_potential"],
+        min_length=1,
+        description="Training runs compared as arms in the arms_* tables and figures; the other "
+        "training runs (the training smoke) appear in step_metrics_by_run only.",
+    )
+    title: str = Field(
+        default="ATLAS Report 25: Sequential Tool Runtime Upgrade (reproduction)",
+        description="pretty_name of the dataset card.",
+    )
+
+
 class ResourcesConfig(_Strict):
     """Compute the jobs ask for; profiles map these to SLURM or Kubernetes."""
 
@@ -400,12 +415,20 @@ class AtlasConfig(_Strict):
     )
     training: TrainingConfig = Field(description="Training shape.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Compute per job.")
+    report: ReportConfig = Field(default_factory=ReportConfig, description="The report folder.")
 
     @model_validator(mode="after")
     def _policies_exist(self) -> AtlasConfig:
         for policy in self.validation.policies:
             if policy != "base" and policy not in self.training.runs:
                 raise ValueError(f"validation.policies: {policy!r} is neither 'base' nor a training run")
+        return self
+
+    @model_validator(mode="after")
+    def _arms_are_runs(self) -> AtlasConfig:
+        for arm in self.report.arms:
+            if arm not in self.training.runs:
+                raise ValueError(f"report.arms: {arm!r} is not a training run ({sorted(self.training.runs)})")
         return self
 
     @model_validator(mode="after")
@@ -472,6 +495,7 @@ STAGE_SLICES: dict[str, tuple[str, ...]] = {
     "training": ("seed", "schedule", "runtime", "graders", "training", "resources"),
     "dose_step": ("seed", "schedule", "runtime", "graders", "training", "resources"),
     "validation": ("seed", "runtime", "graders", "training", "resources", "validation"),
+    "report": ("study", "report"),
 }
 
 
