@@ -121,13 +121,20 @@ def load_compact(
     return state
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The highest complete step_<k> under root (one with a MANIFEST.json), or None."""
+def checkpoint_steps(root: str | Path) -> list[int]:
+    """The steps k of the complete step_<k> folders under root (those with a MANIFEST.json)."""
     root = Path(root)
     if not root.is_dir():
-        return None
-    steps = [p for p in root.glob("step_*") if p.name[5:].isdigit() and (p / MANIFEST).is_file()]
-    return max(steps, key=lambda p: int(p.name[5:]), default=None)
+        return []
+    return sorted(
+        int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / MANIFEST).is_file()
+    )
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The highest complete step_<k> under root, or None."""
+    steps = checkpoint_steps(root)
+    return Path(root) / f"step_{steps[-1]}" if steps else None
 
 
 def export_adapters(model: ActorCritic, out: str | Path) -> None:

@@ -21,6 +21,7 @@ and inputs (see atlas.rl.journal), and on CPU ends with the same bytes as an uni
 
 from __future__ import annotations
 
+import json
 import random
 import resource
 import sys
@@ -34,8 +35,8 @@ from tqdm import tqdm
 from atlas.config import GraderConfig, PPOConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
 from atlas.hashing import sha256_file
 from atlas.model.policy import ActorCritic
-from atlas.rl import journal, tracking
-from atlas.rl.checkpoint import export_adapters, latest_checkpoint, load_compact, save_compact
+from atlas.rl import journal, regrade, tracking
+from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, save_compact
 from atlas.rl.potentials import Potential, make_potential
 from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
 from atlas.rl.rollout import (
@@ -99,6 +100,23 @@ def validation_points(steps: int, every: int) -> list[int]:
 
 def checkpoint_points(steps: int, every: int) -> list[int]:
     return sorted({steps, *range(every, steps + 1, every)})
+
+
+def validation_log(rows: list[dict]) -> dict[str, float]:
+    return {
+        f"val/{r['source']}/{k}": r[k] for r in rows for k in ("utility", "accuracy", "completed_fraction")
+    }
+
+
+def replay_journal(wandb_run, root: Path, start: int, points: list[int]) -> None:
+    """Log the kept journal (validation points and step metrics up to `start`) into a new wandb
+    log, in step order; wandb drops a step lower than one already logged."""
+    for done in range(start + 1):
+        if done in points and (folder := journal.val_dir(root, done)).is_dir():
+            wandb_run.log(validation_log(json.loads((folder / "validation.json").read_text())), step=done)
+        if done > 0:
+            metrics = json.loads((journal.step_dir(root, done - 1) / "metrics.json").read_text())
+            wandb_run.log(metrics, step=done)
 
 
 @dataclass
@@ -212,18 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     sess = open_session(s, args)
     steps = sess.steps
 
-    start = 0
-    if training.resume_mode == "auto" and (ckpt := latest_checkpoint(root)) is not None:
-        start = load_compact(ckpt, sess.ac, sess.optimizers, sess.schedulers)["step"]
-        log(name, "resuming", checkpoint=ckpt, steps_done=start, of=steps)
-    wandb_run = tracking.start(
-        root,
-        mode=training.wandb_mode,
-        project=training.wandb_project,
-        run_id=f"{name}-{digest[:12]}",  # one wandb run per run and fingerprint, across resumes
-        name=name,
-        config=s,
-    )
+    points = validation_points(steps, training.validation_every)
+    wandb_run = None
 
     def validate(done: int) -> None:
         t = time.perf_counter()
@@ -244,17 +252,39 @@ def main(argv: list[str] | None = None) -> None:
             violations=report.violations,
         )
         if wandb_run is not None:
-            wandb_run.log(
-                {
-                    f"val/{r['source']}/{k}": r[k]
-                    for r in rows
-                    for k in ("utility", "accuracy", "completed_fraction")
-                }
-                | {"timing_s/testing": time.perf_counter() - t},
-                step=done,
-            )
+            wandb_run.log(validation_log(rows) | {"timing_s/testing": time.perf_counter() - t}, step=done)
 
-    points = validation_points(steps, training.validation_every)
+    # Resume (resume_mode auto) after re-grading the journal with today's graders (atlas.rl.regrade).
+    start, plan, aside = 0, None, None
+    if training.resume_mode == "auto" and (saved := checkpoint_steps(root)):
+        questions = {q["question_uid"]: q for q in (*sess.train_rows, *sess.val_questions)}
+        plan = regrade.plan_resume(
+            root,
+            saved[-1],
+            saved,
+            points,
+            lambda folder: regrade.regrade_folder(folder, questions, sess.tests, sess.runtime, sess.graders),
+        )
+        aside = regrade.supersede(root, plan, saved, points)
+        log(name, "re-graded the journal", **regrade.brief(plan), moved_aside=aside)
+        for j in plan.revalidate:  # ascending: 0 runs on the fresh policy, before any load
+            if j > 0:
+                load_compact(root / f"step_{j}", sess.ac, sess.optimizers, sess.schedulers)
+            validate(j)
+        start = plan.start
+        if start > 0:
+            load_compact(root / f"step_{start}", sess.ac, sess.optimizers, sess.schedulers)
+            log(name, "resuming", checkpoint=root / f"step_{start}", steps_done=start, of=steps)
+    wandb_run = tracking.start(
+        root,
+        mode=training.wandb_mode,
+        project=training.wandb_project,
+        run_id=f"{name}-{digest[:12]}",  # one wandb run per run and fingerprint, across resumes
+        name=name,
+        config=s,
+    )
+    if aside is not None and wandb_run is not None:
+        replay_journal(wandb_run, root, start, points)
     if start == 0:
         validate(0)
     bar = tqdm(total=steps, initial=start, desc=name, file=sys.stderr, mininterval=0, ascii=True)
@@ -313,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
             "snapshot_step": getattr(sess.potential, "step", None),
             "dose": sess.run_cfg.dose,
             "resumed_from_step": start,
+            "regrade": None if plan is None else regrade.summary(plan),
+            "superseded": None if aside is None else aside.as_posix(),
             "checkpoints": root.as_posix(),
         },
         export=lambda folder: export_adapters(sess.ac, folder),
