@@ -82,16 +82,13 @@ with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
     dag.execute_workflow(executor="dryrun")  # the plan must also pass a full dry run
 rows = [line.split("\\t") for line in buf.getvalue().splitlines() if line.strip()]
 header = rows[0]
-plan = {}
-for row in rows[1:]:
-    rec = dict(zip(header, row))
-    plan.setdefault(rec["rule"], set()).add(rec["plan"])
-print(json.dumps({rule: sorted(p) for rule, p in plan.items()}))
+print(json.dumps([dict(zip(header, row)) for row in rows[1:]]))
 """
 
 
-def plan(workdir: Path, targets: list[str], configfiles: list[str] = ()) -> dict[str, list[str]]:
-    """The Snakemake API's plan for `targets` in `workdir`: rule -> plan values of its outputs.
+def plan_rows(workdir: Path, targets: list[str], configfiles: list[str] = ()) -> list[dict[str, str]]:
+    """The Snakemake API's plan for `targets` in `workdir`: one row per output file, with its
+    rule and plan ("no update", "update pending", ...).
 
     Runs in a fresh interpreter so the workflow's own `src/` is the atlas package it imports."""
     proc = subprocess.run(
@@ -104,6 +101,19 @@ def plan(workdir: Path, targets: list[str], configfiles: list[str] = ()) -> dict
     if proc.returncode != 0:
         raise AssertionError(f"planning failed:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def plan(workdir: Path, targets: list[str], configfiles: list[str] = ()) -> dict[str, list[str]]:
+    """rule -> the plan values of its outputs."""
+    out: dict[str, set[str]] = {}
+    for row in plan_rows(workdir, targets, configfiles):
+        out.setdefault(row["rule"], set()).add(row["plan"])
+    return {rule: sorted(p) for rule, p in out.items()}
+
+
+def outputs_to_run(workdir: Path, targets: list[str]) -> set[str]:
+    """The output files the plan would (re)build."""
+    return {row["output_file"] for row in plan_rows(workdir, targets) if row["plan"] != "no update"}
 
 
 def jobs_to_run(workdir: Path, targets: list[str]) -> set[str]:
