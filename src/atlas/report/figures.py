@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on a cluster node
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from atlas.hashing import atomic_path  # noqa: E402
 
@@ -30,10 +31,15 @@ def _save(fig, path: Path) -> None:
 
 def validation_curves(curve: pl.DataFrame, path: Path) -> None:
     sources = [s for s in ("all", "gpqa", "lcb") if s in curve["source"].unique().to_list()]
-    fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources), 3.4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(sources), figsize=(4.2 * len(sources), 3.4), squeeze=False, layout="constrained"
+    )
     for ax, source in zip(axes[0], sources, strict=True):
-        for (arm,), rows in curve.filter(pl.col("source") == source).group_by("arm", maintain_order=True):
-            ax.plot(rows["step"], rows["utility"], marker="o", label=arm)
+        arms = curve.filter(pl.col("source") == source).group_by("arm", maintain_order=True)
+        for i, ((arm,), rows) in enumerate(arms):  # markers and dashes tell apart arms that coincide
+            ax.plot(
+                rows["step"], rows["utility"], marker="os^dv"[i % 5], ls=("-", "--", ":")[i % 3], label=arm
+            )
         ax.set(
             title=f"validation utility: {source}",
             xlabel="steps done",
@@ -54,7 +60,9 @@ def call_advantage(calls: pl.DataFrame, path: Path) -> None:
     )
     arms = by["arm"].unique(maintain_order=True).to_list()
     tools = sorted(by["tool"].unique().to_list())
-    fig, axes = plt.subplots(1, len(arms), figsize=(4.6 * len(arms), 3.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        1, len(arms), figsize=(4.6 * len(arms), 3.4), squeeze=False, sharey=True, layout="constrained"
+    )
     width = 0.8 / max(len(tools), 1)
     for ax, arm in zip(axes[0], arms, strict=True):
         rows = by.filter(pl.col("arm") == arm)
@@ -74,7 +82,7 @@ STEP_PANEL = [
     ("critic/score/mean", "score"),
     ("actor/pg_loss", "policy-gradient loss"),
     ("critic/vf_loss", "value loss"),
-    ("actor/ppo_kl", "PPO KL"),
+    ("actor/kl_loss", "KL to the reference"),
     ("response_length/mean", "generated tokens / episode"),
     ("timing_s/step", "step seconds"),
 ]
@@ -82,11 +90,12 @@ STEP_PANEL = [
 
 def step_metrics(by_run: pl.DataFrame, path: Path) -> None:
     runs = by_run.filter(pl.col("stage") != "dose_step")
-    fig, axes = plt.subplots(2, 3, figsize=(12.6, 6.4))
+    fig, axes = plt.subplots(2, 3, figsize=(12.6, 6.4), layout="constrained")
     for ax, (column, title) in zip(axes.flat, STEP_PANEL, strict=True):
         for (run,), rows in runs.group_by("run", maintain_order=True):
             ax.plot(rows["step"], rows[column], marker="o", label=run)
         ax.set(title=title, xlabel="step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     _save(fig, path)
@@ -107,7 +116,7 @@ def perf_stack(perf: pl.DataFrame, path: Path) -> None:
     phases.append("save_checkpoint")
     rows = perf.filter(pl.col("test") == "train_step")
     runs = rows["run"].unique(maintain_order=True).to_list()
-    fig, ax = plt.subplots(figsize=(8.4, 0.7 * len(runs) + 1.6))
+    fig, ax = plt.subplots(figsize=(8.4, 0.7 * len(runs) + 1.6), layout="constrained")
     left = [0.0] * len(runs)
     for phase in phases:
         seconds = []
