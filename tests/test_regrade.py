@@ -180,7 +180,7 @@ def test_grader_fix_changing_a_reward_at_step_k_resumes_from_checkpoint_k(arm_co
     assert after.filter(pl.col("step") < k).equals(before["metrics"].filter(pl.col("step") < k))
     assert after.filter(pl.col("step") == k)["timing_s/step"][0] != before["metrics"]["timing_s/step"][k]
     # What no longer counts was moved aside with the reason, not deleted.
-    aside = Path(info["superseded"])
+    aside = wf / info["superseded"]
     assert aside.name == f"{ARM}.superseded-1"
     assert (aside / "journal" / f"step_{k}" / "records.parquet").is_file()
     assert json.loads((aside / "regrade.json").read_text())["resumed_from"] == k
@@ -201,7 +201,7 @@ def test_grader_fix_changing_a_reward_at_step_0_trains_from_scratch(arm_copy):
     new_step_0 = pl.read_parquet(step_dir(root, 0) / "records.parquet")
     assert new_step_0["score"].to_list() != old_step_0["score"].to_list()
     assert (root / "step_4").is_dir() and val_dir(root, 0).is_dir()
-    aside = Path(info["superseded"])
+    aside = wf / info["superseded"]
     assert sorted(p.name for p in (aside / "journal").iterdir()) == [
         "step_0",
         "step_1",
