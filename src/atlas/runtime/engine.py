@@ -7,8 +7,10 @@ out of the policy loss. Log-probs are taken before top-p truncation (as vLLM rep
 a PPO ratio recomputed under the same masks matches them.
 
 `HFEngine` is plain transformers + xgrammar on CPU or one CUDA device: left-padded batch, a
-KV cache, one GrammarMatcher per row with the masks filled for the whole batch at once, and one
-torch.Generator per row seeded by the request, so a row's tokens do not depend on its batch mates.
+KV cache, one GrammarMatcher per row with the masks filled for the whole batch at once, and
+Gumbel-max sampling over noise hashed from the request's seed (atlas.runtime.sampling), so a row's
+tokens do not depend on its batch mates. `atlas.runtime.fast_engine.StaticEngine` is the fast
+path on a GPU with the same contract.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 import xgrammar as xgr
 
 from atlas.runtime.grammar import CompiledCall
+from atlas.runtime.sampling import keys_for, sample
 
 # A per-row logit bias for scripted boundary cases: given the tokens generated so far, an additive
 # bias over the vocabulary (or None). It steers sampling; the grammar still decides what is legal.
@@ -49,15 +52,6 @@ class Generation:
 
 class RolloutEngine(Protocol):
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
-
-
-def _top_p_sample(logp: torch.Tensor, top_p: float, generator: torch.Generator) -> int:
-    probs = logp.exp()
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        keep = sorted_p.cumsum(0) - sorted_p < top_p  # smallest prefix whose mass reaches top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 class HFEngine:
@@ -97,7 +91,7 @@ class HFEngine:
         n = len(requests)
         outs = [Generation() for _ in requests]
         matchers = [xgr.GrammarMatcher(r.grammar.grammar) for r in requests]
-        generators = [torch.Generator().manual_seed(r.seed) for r in requests]
+        seeds = [r.seed for r in requests]
         active = list(range(n))
         bitmask = xgr.allocate_token_bitmask(n, self.vocab_size)
 
@@ -133,19 +127,20 @@ class HFEngine:
                 )
                 xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=active)
             mask_s = time.perf_counter() - t0
-            logp_all = torch.log_softmax(logits, dim=-1).cpu()
-            allowed = torch.isfinite(logp_all).sum(-1)
+            logp_all = torch.log_softmax(logits, dim=-1)
+            # A row whose grammar leaves one token is forced: nothing was chosen (log-prob 0).
+            allowed = torch.isfinite(logp_all).sum(-1).cpu()
+            tokens = sample(logp_all, keys_for(seeds, step, logits.device), self.top_p)
+            chosen = logp_all.gather(-1, tokens[:, None])[:, 0].cpu()
+            tokens = tokens.cpu()
 
             next_ids = torch.full((n,), self.pad_token_id, dtype=torch.long)
             still = []
             for i in active:
                 g = outs[i]
                 g.mask_s += mask_s / len(active)
-                if allowed[i] == 1:  # forced: the grammar leaves one token
-                    tok, lp, sampled = int(logp_all[i].argmax()), 0.0, 0
-                else:
-                    tok = _top_p_sample(logp_all[i], self.top_p, generators[i])
-                    lp, sampled = float(logp_all[i, tok]), 1
+                tok = int(tokens[i])
+                lp, sampled = (0.0, 0) if allowed[i] == 1 else (float(chosen[i]), 1)
                 if self.constrained and not matchers[i].accept_token(tok):
                     raise RuntimeError(f"grammar rejected token {tok} it had allowed (row {i}, step {step})")
                 g.token_ids.append(tok)

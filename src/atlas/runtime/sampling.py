@@ -1,0 +1,69 @@
+"""Seeded sampling shared by the rollout engines: Gumbel-max over counter-based noise.
+
+A row's next token is argmax(log p + g), g = -log(-log u), where u is a hash of (the request's
+seed, the step, the token id). That samples exactly from p, vectorised over the whole batch on
+any device, and the noise is integer arithmetic: the same on CPU and GPU, and independent of
+the row's batch mates. So two engines with the same log-probs draw the same tokens, which is what
+lets the GPU engine be checked against the CPU one token by token.
+
+The hash keeps every value below 2**32 inside int64 (products split into 16-bit halves), so no
+signed overflow happens on any backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+M32 = 0xFFFFFFFF
+
+
+def _mul32(h: torch.Tensor | int, c: int):
+    """(h * c) mod 2**32 for 0 <= h, c < 2**32, without a product above 2**49."""
+    return (h * (c & 0xFFFF) + (((h * (c >> 16)) & 0xFFFF) << 16)) & M32
+
+
+def _fmix32(h):
+    """murmur3's finaliser: a bijection of 32-bit values that mixes every bit into every bit."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def row_key(seed: int, step: int) -> int:
+    """A 32-bit key for one row's noise at one step, from the request's seed (any size)."""
+    h = _fmix32(step & M32)
+    while True:  # fold every 32-bit word of the seed in
+        h = _fmix32(h ^ (seed & M32))
+        seed >>= 32
+        if seed == 0:
+            return h
+
+
+def gumbel(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel noise [rows, vocab] (float32) from int64 row keys, on the keys' device."""
+    tokens = _mul32(torch.arange(vocab, device=keys.device, dtype=torch.int64), 0x9E3779B1)
+    h = _fmix32(_fmix32(keys[:, None] ^ tokens[None, :]) ^ keys[:, None])
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), never 0 or 1
+    return -torch.log(-torch.log(u))
+
+
+def top_p_keep(logp: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Bool [rows, vocab]: the smallest set of tokens per row whose mass reaches top_p."""
+    sorted_lp, order = logp.sort(dim=-1, descending=True)
+    probs = sorted_lp.exp()
+    keep_sorted = probs.cumsum(-1) - probs < top_p
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def sample(logp: torch.Tensor, keys: torch.Tensor, top_p: float = 1.0) -> torch.Tensor:
+    """Token ids [rows] drawn from the rows of `logp` (log-probs, -inf where not allowed)."""
+    scores = logp + gumbel(keys, logp.shape[-1])
+    if top_p < 1.0:
+        scores = scores.masked_fill(~top_p_keep(logp, top_p), float("-inf"))
+    return scores.argmax(-1)
+
+
+def keys_for(seeds: list[int], step: int, device) -> torch.Tensor:
+    return torch.tensor([row_key(s, step) for s in seeds], dtype=torch.int64, device=device)
