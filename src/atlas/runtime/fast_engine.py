@@ -29,6 +29,8 @@ from transformers import StaticCache
 from atlas.runtime.engine import Generation, GenerationRequest
 from atlas.runtime.sampling import row_key, sample
 
+KEEP_CACHES = 2
+
 
 def bucket(n: int, minimum: int) -> int:
     """The power of two at or above n (at least `minimum`): a few shapes, few compilations."""
@@ -81,10 +83,13 @@ class StaticEngine:
         )
 
     def _cache(self, batch: int, length: int) -> StaticCache:
+        """The bucket's cache, zeroed; the two most recently used buckets are kept (a cache of
+        the report's model and batch takes tens of GB)."""
         key = (batch, length)
-        if key not in self._caches:
-            self._caches[key] = StaticCache(config=self.config, max_cache_len=length)
-        cache = self._caches[key]
+        cache = self._caches.pop(key, None) or StaticCache(config=self.config, max_cache_len=length)
+        self._caches[key] = cache
+        while len(self._caches) > KEEP_CACHES:
+            self._caches.pop(next(iter(self._caches)))
         cache.reset()
         return cache
 
