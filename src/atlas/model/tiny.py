@@ -67,16 +67,21 @@ def corpus_lines(paths: Sequence[str | Path]) -> Iterator[str]:
 
 
 def build_tokenizer(spec: TinyModelConfig) -> PreTrainedTokenizerFast:
+    return train_tokenizer(corpus_lines(spec.corpus), spec.tokenizer_vocab_size, spec.max_position_embeddings)
+
+
+def train_tokenizer(lines: Iterator[str], vocab_size: int, max_length: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE of `vocab_size` tokens (control and tool tokens included) on `lines`."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=spec.tokenizer_vocab_size - len(TOOL_TOKENS),
+        vocab_size=vocab_size - len(TOOL_TOKENS),
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(corpus_lines(spec.corpus), trainer)
+    tok.train_from_iterator(lines, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -84,9 +89,22 @@ def build_tokenizer(spec: TinyModelConfig) -> PreTrainedTokenizerFast:
         pad_token=PAD,
         additional_special_tokens=[IM_START],
         chat_template=CHAT_TEMPLATE,
-        model_max_length=spec.max_position_embeddings,
+        model_max_length=max_length,
         clean_up_tokenization_spaces=False,
     )
+
+
+def synthetic_lines(lines: int, seed: int = 0) -> Iterator[str]:
+    """Random words (letters and digits, 2-12 characters) plus the runtime's format lines: enough
+    distinct pairs for a BPE of a real model's vocabulary size (151,936 takes ~40,000 lines)."""
+    import random
+    import string
+
+    rng = random.Random(seed)
+    alphabet = string.ascii_letters + string.digits
+    for _ in range(lines):
+        yield " ".join("".join(rng.choices(alphabet, k=rng.randint(2, 12))) for _ in range(64))
+    yield from FORMAT_LINES
 
 
 def padded_vocab_size(n_tokens: int) -> int:
