@@ -11,7 +11,7 @@ import torch
 from atlas.config import RuntimeConfig
 from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.fast_engine import StaticEngine, bucket
-from atlas.runtime.sampling import gumbel, keys_for, row_key, sample, top_p_keep
+from atlas.runtime.sampling import M32, gumbel, keys_for, row_key, sample, top_p_keep, uniform
 from atlas.runtime.session import load_runtime
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
 
@@ -34,6 +34,17 @@ def test_noise_is_per_row_and_per_step_and_the_same_in_any_batch():
     assert row_key(8, 3) != row_key(8 + (1 << 40), 3)  # every bit of a large seed counts
     g = gumbel(keys_for(list(range(50)), 0, "cpu"), 4000)
     assert torch.isfinite(g).all() and abs(g.mean().item() - 0.5772) < 0.01  # Gumbel(0, 1) mean
+
+
+def test_uniform_never_reaches_0_or_1_and_the_noise_stays_finite():
+    extremes = torch.tensor([0, 1, (1 << 9) - 1, M32 - (1 << 9), M32], dtype=torch.int64)
+    u = uniform(extremes)
+    assert (u > 0).all() and (u < 1).all(), u
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()
+    # Over a real vocabulary no draw lands on a disallowed token (a NaN score would).
+    logp = torch.full((64, 151_936), float("-inf"))
+    logp[:, 7] = 0.0
+    assert set(sample(logp, keys_for(list(range(64)), 59, "cpu")).tolist()) == {7}
 
 
 def test_top_p_keeps_the_smallest_set_reaching_the_mass():
