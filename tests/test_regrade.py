@@ -57,7 +57,7 @@ def test_plan_resumes_before_the_first_changed_step_and_revalidates_earlier_poin
 # --- the real thing: the arm rerun by Snakemake after a grader edit ---
 
 
-def gpqa_submits(wf: Path) -> pl.DataFrame:
+def gpqa_submits(wf: Path, run: str = ARM) -> pl.DataFrame:
     letters = pl.concat(
         [
             pl.read_parquet(wf / "results" / "data" / f"{s}.parquet").select("question_uid", "correct_letter")
@@ -65,7 +65,7 @@ def gpqa_submits(wf: Path) -> pl.DataFrame:
         ]
     ).unique()
     return (
-        pl.read_parquet(wf / "results" / "runs" / ARM / "records.parquet")
+        pl.read_parquet(wf / "results" / "runs" / run / "records.parquet")
         .filter((pl.col("tool") == "submit") & (pl.col("source") == "gpqa"))
         .join(letters, on="question_uid")
         .with_columns(answer=pl.col("arguments").str.json_path_match("$.answer"))
@@ -96,10 +96,10 @@ def grade_letter(answer: str, correct_letter: str) -> float:  # the "fix" under 
     )
 
 
-def rerun_arm(wf: Path) -> dict:
-    assert jobs_to_run(wf, [f"results/runs/{ARM}"]) == {"train"}
-    run_snakemake(wf, "--cores", "2", f"results/runs/{ARM}", timeout=900)
-    return json.loads((wf / "results" / "runs" / ARM / "run.json").read_text())
+def rerun_arm(wf: Path, run: str = ARM) -> dict:
+    assert jobs_to_run(wf, [f"results/runs/{run}"]) == {"train"}
+    run_snakemake(wf, "--cores", "2", f"results/runs/{run}", timeout=900)
+    return json.loads((wf / "results" / "runs" / run / "run.json").read_text())
 
 
 def journal_bytes(root: Path, step: int) -> dict[str, bytes]:
@@ -187,29 +187,25 @@ def test_grader_fix_changing_a_reward_at_step_k_resumes_from_checkpoint_k(arm_co
 
 
 @pytest.mark.slow
-def test_grader_fix_changing_a_reward_at_step_0_trains_from_scratch(arm_copy):
-    wf, before = arm_copy
-    firsts = first_train_step(gpqa_submits(wf))
+def test_grader_fix_changing_a_reward_at_step_0_trains_from_scratch(pipeline, tmp_path):
+    # The training smoke (2 steps): the same code path as an arm, half the steps to redo.
+    run = "training_smoke"
+    wf = copy_pipeline(pipeline, tmp_path / "wf")
+    before = pl.read_parquet(wf / "results" / "runs" / run / "step_metrics.parquet")
+    firsts = first_train_step(gpqa_submits(wf, run))
     pair = next((p for p, step in firsts.items() if step == 0), None)
     assert pair is not None, f"no GPQA answer pair at step 0: {firsts}"
-    root = wf / "results" / "checkpoints" / ARM
+    root = wf / "results" / "checkpoints" / run
     old_step_0 = pl.read_parquet(step_dir(root, 0) / "records.parquet")
 
     flip_pair(wf, pair)
-    info = rerun_arm(wf)
+    info = rerun_arm(wf, run)
     assert info["resumed_from_step"] == 0 and info["regrade"]["first_changed_step"] == 0
     new_step_0 = pl.read_parquet(step_dir(root, 0) / "records.parquet")
     assert new_step_0["score"].to_list() != old_step_0["score"].to_list()
-    assert (root / "step_4").is_dir() and val_dir(root, 0).is_dir()
+    assert (root / "step_2").is_dir() and val_dir(root, 0).is_dir()
     aside = wf / info["superseded"]
-    assert sorted(p.name for p in (aside / "journal").iterdir()) == [
-        "step_0",
-        "step_1",
-        "step_2",
-        "step_3",
-        "val_0",
-        "val_2",
-        "val_4",
-    ]
-    after = pl.read_parquet(wf / "results" / "runs" / ARM / "step_metrics.parquet")
-    assert after.height == 4 and not after["timing_s/step"].equals(before["metrics"]["timing_s/step"])
+    assert sorted(p.name for p in (aside / "journal").iterdir()) == ["step_0", "step_1", "val_0", "val_2"]
+    assert sorted(p.name for p in aside.iterdir()) == ["journal", "regrade.json", "step_1", "step_2", "wandb"]
+    after = pl.read_parquet(wf / "results" / "runs" / run / "step_metrics.parquet")
+    assert after.height == 2 and not after["timing_s/step"].equals(before["timing_s/step"])

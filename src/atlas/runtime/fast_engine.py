@@ -27,7 +27,7 @@ import xgrammar as xgr
 from transformers import StaticCache
 
 from atlas.runtime.engine import Generation, GenerationRequest
-from atlas.runtime.sampling import row_key, sample
+from atlas.runtime.sampling import sample, seed_key, step_keys
 
 KEEP_CACHES = 2
 
@@ -148,7 +148,9 @@ class StaticEngine:
         ids, attn, positions = ids.to(dev), attn.to(dev), positions.to(dev)
         logits = self._forward(ids, attn, positions, torch.arange(width, device=dev), cache, keep=1).float()
         last_pos = positions[:, -1:].clone()
-        seeds = [r.seed for r in requests] + [0] * (rows - n)
+        seed_keys = torch.tensor(
+            [seed_key(r.seed) for r in requests] + [0] * (rows - n), dtype=torch.int64, device=dev
+        )
         host = {
             k: torch.empty(rows, dtype=d, pin_memory=pin)
             for k, d in (("tok", torch.long), ("lp", torch.float32), ("sampled", torch.bool))
@@ -172,10 +174,7 @@ class StaticEngine:
                     logits[i] += b[: self.vocab_size].to(dev)
             if self.constrained:
                 xgr.apply_token_bitmask_inplace(logits, bitmask_dev)
-            keys = torch.tensor([row_key(s, step) for s in seeds], dtype=torch.int64).to(
-                dev, non_blocking=pin
-            )
-            tokens, lp, sampled = self._pick(logits, keys)
+            tokens, lp, sampled = self._pick(logits, step_keys(seed_keys, step))
             for k, v in (("tok", tokens), ("lp", lp), ("sampled", sampled)):
                 host[k].copy_(v, non_blocking=pin)
             if pin:
@@ -194,16 +193,23 @@ class StaticEngine:
             if pin:
                 copied.synchronize()
 
+            toks, lps, flags = host["tok"].tolist(), host["lp"].tolist(), host["sampled"].tolist()
+            if self.constrained:
+                accepted = self.batch_matcher.batch_accept_token(
+                    [matchers[i] for i in active], [toks[i] for i in active]
+                )
+                if not all(accepted):
+                    i = active[accepted.index(False)]
+                    raise RuntimeError(
+                        f"grammar rejected token {toks[i]} it had allowed (row {i}, step {step})"
+                    )
             still = []
             for i in active:
-                g = outs[i]
+                g, tok = outs[i], toks[i]
                 g.mask_s += mask_s / len(active)
-                tok = int(host["tok"][i])
-                if self.constrained and not matchers[i].accept_token(tok):
-                    raise RuntimeError(f"grammar rejected token {tok} it had allowed (row {i}, step {step})")
                 g.token_ids.append(tok)
-                g.logprobs.append(float(host["lp"][i]))
-                g.sampled.append(int(host["sampled"][i]))
+                g.logprobs.append(lps[i])
+                g.sampled.append(int(flags[i]))
                 if tok in self.stop_token_ids and (not self.constrained or matchers[i].is_terminated()):
                     g.finish_reason = "stop"
                 elif len(g.token_ids) >= requests[i].max_new_tokens:

@@ -31,14 +31,23 @@ def _fmix32(h):
     return h ^ (h >> 16)
 
 
-def row_key(seed: int, step: int) -> int:
-    """A 32-bit key for one row's noise at one step, from the request's seed (any size)."""
-    h = _fmix32(step & M32)
-    while True:  # fold every 32-bit word of the seed in
+def seed_key(seed: int) -> int:
+    """A 32-bit key from a request's seed of any size: every 32-bit word folded in."""
+    h = 0x9E3779B9
+    while True:
         h = _fmix32(h ^ (seed & M32))
         seed >>= 32
         if seed == 0:
             return h
+
+
+def step_keys(seed_keys, step: int):
+    """The rows' noise keys at one step: ints or an int64 tensor of seed keys (vectorised)."""
+    return _fmix32(seed_keys ^ _fmix32((step + 0x632BE5AB) & M32))
+
+
+def row_key(seed: int, step: int) -> int:
+    return step_keys(seed_key(seed), step)
 
 
 def gumbel(keys: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -73,4 +82,4 @@ def sample(logp: torch.Tensor, keys: torch.Tensor, top_p: float = 1.0) -> torch.
 
 
 def keys_for(seeds: list[int], step: int, device) -> torch.Tensor:
-    return torch.tensor([row_key(s, step) for s in seeds], dtype=torch.int64, device=device)
+    return step_keys(torch.tensor([seed_key(s) for s in seeds], dtype=torch.int64, device=device), step)
