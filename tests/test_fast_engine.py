@@ -10,7 +10,7 @@ import torch
 
 from atlas.config import RuntimeConfig
 from atlas.runtime.engine import GenerationRequest
-from atlas.runtime.fast_engine import StaticEngine, bucket
+from atlas.runtime.fast_engine import StaticEngine, bucket, cache_length
 from atlas.runtime.sampling import M32, gumbel, keys_for, row_key, sample, top_p_keep, uniform
 from atlas.runtime.session import load_runtime
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
@@ -101,4 +101,5 @@ def test_static_engine_matches_the_hf_engine_token_for_token(runtime):
     short = requests_for(runtime, 3, max_new=5)
     for x, y in zip(hf.generate(short), fast.generate(short), strict=True):
         assert x.token_ids == y.token_ids and len(y.token_ids) <= 5
-    assert list(fast._caches) == [(8, 2048), (8, 512)]  # (rows, positions) buckets, most recent last
+    width = max(len(r.prompt_ids) for r in short)
+    assert list(fast._caches)[-1] == (8, cache_length(width + 5, 64))  # (rows, positions), most recent last
