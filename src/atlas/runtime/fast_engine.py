@@ -72,8 +72,10 @@ class StaticEngine:
         self.temperature = temperature
         self.top_p = top_p
         self.constrained = constrained
-        self.ban = torch.zeros(vocab_size, device=self.device)
-        self.ban[list(banned_token_ids)] = float("-inf")
+        self._unbanned = torch.ones(vocab_size, dtype=torch.bool, device=self.device)
+        self._unbanned[list(banned_token_ids)] = False
+        vocab = torch.arange(vocab_size, device=self.device)
+        self._word, self._bit = vocab // 32, (vocab % 32).to(torch.int32)  # where token t's bit lives
         self.batch_matcher = xgr.BatchGrammarMatcher()
         self.min_batch, self.length_multiple = min_batch, length_multiple
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -89,6 +91,7 @@ class StaticEngine:
             if self.compiled
             else self._decode
         )
+        self._pick_fn = torch.compile(self._pick, dynamic=False) if self.compiled else self._pick
 
     def _cache(self, batch: int, length: int) -> StaticCache:
         """The bucket's cache, zeroed; the two most recently used buckets are kept (a cache of
@@ -117,8 +120,14 @@ class StaticEngine:
     def _decode(self, ids, attention_mask, position_ids, cache_position, cache):
         return self._forward(ids, attention_mask, position_ids, cache_position, cache, None)
 
-    def _pick(self, logits: torch.Tensor, keys: torch.Tensor):
-        """Tokens, their log-probs (0 where forced) and the sampled flags, all on the device."""
+    def _pick(self, logits: torch.Tensor, bitmask: torch.Tensor, keys: torch.Tensor):
+        """Tokens, their log-probs (0 where forced) and the sampled flags, all on the device: the
+        temperature, the ban, the grammar's bitmask (bit t % 32 of word t // 32 set: allowed),
+        log-softmax and the Gumbel-max draw, compiled into a few fused kernels on a GPU."""
+        logits = logits.float() / self.temperature
+        if self.constrained:
+            allowed_bits = (bitmask[:, self._word] >> self._bit) & 1
+            logits = torch.where((allowed_bits == 1) & self._unbanned, logits, float("-inf"))
         logp = torch.log_softmax(logits, dim=-1)
         allowed = torch.isfinite(logp).sum(-1)
         tokens = sample(logp, keys, self.top_p)
@@ -154,7 +163,7 @@ class StaticEngine:
         attn[n:, width - 1] = 1
         positions = (attn[:, :width].cumsum(-1) - 1).clamp(min=0)
         ids, attn, positions = ids.to(dev), attn.to(dev), positions.to(dev)
-        logits = self._forward(ids, attn, positions, torch.arange(width, device=dev), cache, keep=1).float()
+        logits = self._forward(ids, attn, positions, torch.arange(width, device=dev), cache, keep=1)
         last_pos = positions[:, -1:].clone()
         seed_keys = torch.tensor(
             [seed_key(r.seed) for r in requests] + [0] * (rows - n), dtype=torch.int64, device=dev
@@ -174,15 +183,15 @@ class StaticEngine:
                 )
                 bitmask_dev.copy_(bitmask, non_blocking=pin)
             mask_s = time.perf_counter() - t0
-            logits = logits / self.temperature
-            if self.constrained:
-                logits = logits + self.ban
-            for i in active:
-                if requests[i].bias is not None and (b := requests[i].bias(outs[i].token_ids)) is not None:
-                    logits[i] += b[: self.vocab_size].to(dev)
-            if self.constrained:
-                xgr.apply_token_bitmask_inplace(logits, bitmask_dev)
-            tokens, lp, sampled = self._pick(logits, step_keys(seed_keys, step))
+            if any(requests[i].bias is not None for i in active):  # scripted boundary cases only
+                logits = logits.float()
+                for i in active:
+                    if (
+                        requests[i].bias is not None
+                        and (b := requests[i].bias(outs[i].token_ids)) is not None
+                    ):
+                        logits[i] += b[: self.vocab_size].to(dev)
+            tokens, lp, sampled = self._pick_fn(logits, bitmask_dev, step_keys(seed_keys, step))
             for k, v in (("tok", tokens), ("lp", lp), ("sampled", sampled)):
                 host[k].copy_(v, non_blocking=pin)
             if pin:
