@@ -127,8 +127,10 @@ def plan_resume(
 def supersede(root: Path, plan: ResumePlan, checkpoints: list[int], validated: list[int]) -> Path | None:
     """Move the work after plan.start, and the validation points to redo, to <root>.superseded-<n>/
     with a regrade.json that says why; return that folder (None when nothing moves)."""
-    moving = [step_dir(root, s) for s in range(plan.start, plan.latest)]
-    moving += [root / f"step_{c}" for c in checkpoints if c > plan.start]
+    # Checkpoints first, latest first: a job killed half-way then resumes from a checkpoint whose
+    # journal is all still in place.
+    moving = [root / f"step_{c}" for c in sorted(checkpoints, reverse=True) if c > plan.start]
+    moving += [step_dir(root, s) for s in range(plan.start, plan.latest)]
     moving += [
         val_dir(root, j) for j in validated if j > plan.start or j in plan.revalidate or plan.start == 0
     ]
