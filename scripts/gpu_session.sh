@@ -2,9 +2,12 @@
 # One device call on the lent H200: install the carried wheels, run the GPU tests, then the
 # rollout benchmark. Everything it prints and writes lands in $OUT.
 #
-#   carry: .whl (xgrammar, apache-tvm-ffi, pydantic, pydantic-core, annotated-types,
-#          typing-inspection for Python 3.12) and .gpu/tokenizer (scripts/bench_gpu_rollout.py
-#          --build-tokenizer); both are git-ignored here.
+#   carry: .whl and .gpu/tokenizer, both git-ignored (.git/info/exclude). Make them once:
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#       xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic-core==2.50.5 \
+#       annotated-types typing-inspection
+#     PYTHONPATH=src python scripts/bench_gpu_rollout.py --build-tokenizer --tokenizer .gpu/tokenizer
 #   run:   bash scripts/gpu_session.sh [smoke|rollout|all]
 set -uo pipefail
 what=${1:-all}
@@ -21,6 +24,7 @@ if [[ $what == smoke || $what == all ]]; then
     --variants hf_generate,static_free,static_grammar --out "$OUT/rollout_smoke.json" 2>&1 | grep -v Warning | tee "$OUT/rollout_smoke.log"
 fi
 if [[ $what == rollout || $what == all ]]; then
-  timeout 420 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --new 128 --repeats 2 \
+  # resources/perf/h200_rollout_1.7b.json came from this line (after the GPU test)
+  timeout 420 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --new 128 --repeats 2 --lora 0 \
     --out "$OUT/rollout_1.7b.json" 2>&1 | grep -v Warning | tee "$OUT/rollout_1.7b.log"
 fi
