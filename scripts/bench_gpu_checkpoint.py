@@ -103,6 +103,7 @@ def main() -> None:
             f"full {rows[-1]['full_bytes'] / 1e9:.2f} GB in {full_s:.2f} s",
             flush=True,
         )
+        shutil.rmtree(args.dir / f"full_{step}")  # an 8B full checkpoint is 17 GB: keep one at a time
     shutil.rmtree(args.dir, ignore_errors=True)
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
