@@ -22,10 +22,23 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu_rollout import SHAPES, VOCAB  # noqa: E402
-from bench_training import folder_bytes, full_save  # noqa: E402
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def full_save(folder: Path, ac, optimizers) -> None:
+    """What a checkpoint without the compact layout holds: every tensor of the model, the base too."""
+    folder.mkdir(parents=True)
+    tensors = {n: p.detach().contiguous() for n, p in ac.named_parameters()}
+    save_file(tensors, str(folder / "model.safetensors"))
+    for role, opt in optimizers.items():
+        torch.save(opt.state_dict(), folder / f"optim_{role}.pt")
 
 
 def sync() -> None:

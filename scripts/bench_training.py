@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from bench_gpu_checkpoint import folder_bytes, full_save
 
 from atlas.config import load_config
 from atlas.hashing import atomic_write_json
@@ -54,19 +54,6 @@ PHASES = [
     "timing_s/save_checkpoint",
     "timing_s/step",
 ]
-
-
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def full_save(folder: Path, ac, optimizers) -> None:
-    """What a checkpoint without the compact layout holds: every tensor of the model, the base too."""
-    folder.mkdir(parents=True)
-    tensors = {n: p.detach().contiguous() for n, p in ac.named_parameters()}
-    save_file(tensors, str(folder / "model.safetensors"))
-    for role, opt in optimizers.items():
-        torch.save(opt.state_dict(), folder / f"optim_{role}.pt")
 
 
 def main() -> None:
