@@ -14,6 +14,7 @@ rule report:
         validation=expand(
             "results/validation/{policy}", policy=ATLAS.validation.policies
         ),
+        perf=ATLAS.report.perf_files,
         code=code("atlas.report.build"),
     output:
         directory("results/report25"),
@@ -27,4 +28,5 @@ rule report:
         "python -m atlas.report.build --config-slice {params.slice:q} --model {input.model}"
         " --runs {input.runs} --dose-step {input.dose_step} --smoke {input.smoke}"
         " --boundary {input.boundary} --checks {input.checks} --validation {input.validation}"
+        " --perf {input.perf}"
         " --out {output} > {log} 2>&1"

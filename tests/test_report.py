@@ -275,9 +275,25 @@ def test_call_advantage_counts_every_train_record(pipeline):
 
 
 def test_perf_stack_rows(pipeline):
-    perf = table(pipeline, "perf_stack")
+    everything = table(pipeline, "perf_stack")
+    perf = everything.filter(pl.col("source") == "pipeline")
     assert set(perf["run"]) == {"training_smoke", *ARMS}
-    assert set(perf["device"]) == {"cpu"} and set(perf["source"]) == {"pipeline"}
+    assert set(perf["device"]) == {"cpu"}
+    # No GPU ran here, so the committed H200 measurements (report.perf_files) come along, marked.
+    committed = everything.filter(pl.col("source") != "pipeline")
+    assert set(committed["source"]) == {
+        "committed resources/perf/h200_rollout_1.7b.json",
+        "committed resources/perf/h200_checkpoint_1.7b.json",
+        "committed resources/perf/h200_checkpoint_8b.json",
+    }
+    assert set(committed["device"]) == {"NVIDIA H200"} and set(committed["test"]) == {
+        "rollout",
+        "checkpoint_save",
+    }
+    rollout = {r["phase"]: r for r in committed.filter(pl.col("test") == "rollout").iter_rows(named=True)}
+    assert set(rollout) == {"hf_generate", "hf_generate_static", "static_free", "static_grammar"}
+    saved = committed.filter(pl.col("test") == "checkpoint_save")
+    assert (saved["checkpoint_bytes"] > 10**9).all() and saved["checkpoint_save_s"].is_not_null().all()
     assert set(perf["model_shape"]) == {"qwen3 L2 d128 ff512 h2/1 v2048"}
     for run, rows in perf.group_by("run"):
         phases = set(rows["phase"])

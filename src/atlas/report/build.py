@@ -39,6 +39,9 @@ def parser():
     p.add_argument("--boundary", required=True, type=Path)
     p.add_argument("--checks", required=True, nargs="+", type=Path, help="results/checks/<run> folders")
     p.add_argument("--validation", required=True, nargs="+", type=Path, help="results/validation/<policy>")
+    p.add_argument(
+        "--perf", nargs="*", type=Path, default=[], help="committed GPU perf JSON (report.perf_files)"
+    )
     return p
 
 
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         raise InputError(f"no --checks folder for the runs {absent}")
 
     log("report", "building tables", runs=len(runs), policies=len(args.validation))
-    tables = build_tables(runs, args.dose_step, args.validation, checks, args.model)
+    tables = build_tables(runs, args.dose_step, args.validation, checks, args.model, args.perf)
     sources = {
         "smoke": args.smoke,
         "boundary": args.boundary,
@@ -120,7 +123,11 @@ def main(argv: list[str] | None = None) -> None:
                 figures=drawn,
             ),
         )
-        inputs = [args.model / "config.json", *(folder / MANIFEST for folder in record_folders.values())]
+        inputs = [
+            args.model / "config.json",
+            *(folder / MANIFEST for folder in record_folders.values()),
+            *args.perf,
+        ]
         write_manifest(tmp, stage="report", inputs=inputs, code=code_files(MODULE), config=s)
     log("report", "wrote", out=args.out, tables=len(tables), records=len(records), figures=len(drawn))
 

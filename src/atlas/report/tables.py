@@ -132,8 +132,8 @@ FULL_VALIDATION_VIEWS = [
 ]
 
 PERF_STACK = [
-    Column("source", STR, "where the row was measured: this pipeline's results, or a committed perf file"),
-    Column("test", STR, "the perf test (train_step: one PPO step of a training run)"),
+    Column("source", STR, "pipeline (this run's results), or 'committed <file>' (report.perf_files)"),
+    Column("test", STR, "train_step (one PPO step of a run), rollout, checkpoint_save"),
     Column("run", STR, "the training run it was measured in"),
     Column("device", STR, "cpu, or the GPU's name"),
     Column("model_shape", STR, "architecture, layers, width, MLP width, heads, vocab, parameters"),
@@ -348,7 +348,39 @@ PHASE_TOKENS = {
 }
 
 
-def perf_stack(runs: list[RunFolder], checks: dict[str, Path], shape: str) -> pl.DataFrame:
+def committed_perf_rows(path: Path) -> list[dict]:
+    """perf_stack rows of a committed GPU measurement: a checkpoint test's `perf_stack` rows as
+    they are, or a rollout benchmark's variants (one row each, seconds per decode step)."""
+    data = read_json(path)
+    source = f"committed {path.as_posix()}"
+    if "perf_stack" in data:
+        return [{**row, "source": source} for row in data["perf_stack"]]
+    if "rows" in data and all("variant" in r for r in data["rows"]):
+        shape = f"qwen3 {data['shape']} v{data['vocab']} batch {data['batch']} lora r{data['lora_rank']}"
+        return [
+            {
+                "source": source,
+                "test": "rollout",
+                "run": "bench",
+                "device": data["device"],
+                "model_shape": shape,
+                "phase": r["variant"],
+                "steps": r["steps"],
+                "seconds": r["ms_per_step"] / 1000,
+                "tokens": round(r["tokens"] / r["steps"]),
+                "tokens_per_s": r["tokens_per_s"],
+                "peak_memory_gb": r["peak_memory_gb"],
+                "checkpoint_bytes": None,
+                "checkpoint_save_s": None,
+            }
+            for r in data["rows"]
+        ]
+    raise InputError(f"{path}: neither a `perf_stack` list nor benchmark `rows` with a `variant` each")
+
+
+def perf_stack(
+    runs: list[RunFolder], checks: dict[str, Path], shape: str, perf_files: list[Path] = ()
+) -> pl.DataFrame:
     rows = []
     for run in runs:
         metrics = pl.read_parquet(run.path / "step_metrics.parquet")
@@ -392,8 +424,10 @@ def perf_stack(runs: list[RunFolder], checks: dict[str, Path], shape: str) -> pl
                     "checkpoint_save_s": seconds.median() if saving else None,
                 }
             )
+    if all(r["device"] == "cpu" for r in rows):  # no GPU run here: show the committed ones
+        rows += [row for path in perf_files for row in committed_perf_rows(path)]
     frame = pl.DataFrame(rows, schema=schema(PERF_STACK))
-    return frame.sort("test", "run", "phase")
+    return frame.sort("source", "test", "run", "phase")
 
 
 def arms_validation_curve(runs: list[RunFolder]) -> pl.DataFrame:
@@ -422,14 +456,19 @@ def arms_call_advantage(runs: list[RunFolder]) -> pl.DataFrame:
 
 
 def build_tables(
-    runs: list[RunFolder], dose_step: Path, validation: list[Path], checks: dict[str, Path], model_dir: Path
+    runs: list[RunFolder],
+    dose_step: Path,
+    validation: list[Path],
+    checks: dict[str, Path],
+    model_dir: Path,
+    perf_files: list[Path] = (),
 ) -> dict[str, pl.DataFrame]:
     arms = runs[0].arms if runs else ()
     by_run = step_metrics_by_run(runs, dose_step)
     tables = {
         "step_metrics_by_run": by_run,
         "full_validation_views": full_validation_views(validation, arms),
-        "perf_stack": perf_stack(runs, checks, model_shape(model_dir)),
+        "perf_stack": perf_stack(runs, checks, model_shape(model_dir), perf_files),
         "arms_validation_curve": arms_validation_curve(runs),
         "arms_step_metrics": arms_step_metrics(by_run),
         "arms_call_advantage": arms_call_advantage(runs),
