@@ -150,17 +150,12 @@ def supersede(root: Path, plan: ResumePlan, checkpoints: list[int], validated: l
 
 
 def brief(plan: ResumePlan) -> dict:
-    """The plan in one log line's fields."""
-    return {
-        "latest": plan.latest,
-        "resume_from": plan.start,
-        "first_changed_step": plan.first_changed_step,
-        "revalidate": plan.revalidate,
-        "score_changes": sum(len(f.score_changes) for f in plan.folders),
-    }
+    """The plan in one log line's fields: the summary without the changed folders."""
+    return {k: v for k, v in summary(plan).items() if k != "folders"}
 
 
 def summary(plan: ResumePlan) -> dict:
+    """What run.json and regrade.json record of the re-grade."""
     return {
         "latest_checkpoint": plan.latest,
         "resumed_from": plan.start,
