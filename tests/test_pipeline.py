@@ -66,23 +66,6 @@ def test_run_then_nothing_then_exactly_the_edited_stage(tmp_path):
     run_snakemake(wf, "--cores", "2", *TARGETS)
     assert jobs_to_run(wf, TARGETS) == set()
 
-    # The runtime stages on the embedded default: 0 violations, every episode and case passes.
-    rollouts = ["results/runs/smoke", "results/runs/boundary"]
-    run_snakemake(wf, "--cores", "2", *rollouts)
-    protocol = json.loads((wf / "results/runs/smoke/protocol.json").read_text())
-    assert protocol["violations"] == 0 and protocol["episodes"] == protocol["completed"] == 8
-    assert protocol["records"] == protocol["generations"] == protocol["calls"] >= 8
-    boundary = json.loads((wf / "results/runs/boundary/boundary.json").read_text())
-    assert boundary["passed"] == boundary["cases"] == 12 and boundary["protocol_violations"] == 0
-    assert verify(wf / "results/runs/smoke", check_sources=False) == []
-
-    # A grader edit reruns the rollout stages and nothing upstream of them.
-    grader = wf / "src" / "atlas" / "graders" / "lcb.py"
-    grader.write_text(grader.read_text() + "\n# a grader fix\n")
-    assert jobs_to_run(wf, [*TARGETS, *rollouts]) == {"smoke", "boundary"}
-    grader.write_text(grader.read_text().removesuffix("\n# a grader fix\n"))
-    assert jobs_to_run(wf, [*TARGETS, *rollouts]) == set()
-
     # A config key reruns only the stage whose slice holds it.
     cfg = yaml.safe_load((wf / "config" / "config.yaml").read_text())
     cfg["model"]["tiny"]["seed"] = 7
@@ -91,6 +74,18 @@ def test_run_then_nothing_then_exactly_the_edited_stage(tmp_path):
     cfg["schedule"]["seed"] = 3
     (wf / "config" / "config.yaml").write_text(yaml.safe_dump(cfg))
     assert jobs_to_run(wf, TARGETS) == {"build_tiny_model", "prepare_data"}
+
+
+@pytest.mark.slow
+def test_runtime_stages_of_the_pipeline_run(pipeline):
+    # The runtime stages on the embedded default (the session's pipeline run): 0 violations,
+    # every episode and case passes. (A grader edit reruns them: tests/test_report.py.)
+    protocol = json.loads((pipeline / "results/runs/smoke/protocol.json").read_text())
+    assert protocol["violations"] == 0 and protocol["episodes"] == protocol["completed"] == 8
+    assert protocol["records"] == protocol["generations"] == protocol["calls"] >= 8
+    boundary = json.loads((pipeline / "results/runs/boundary/boundary.json").read_text())
+    assert boundary["passed"] == boundary["cases"] == 12 and boundary["protocol_violations"] == 0
+    assert verify(pipeline / "results/runs/smoke", check_sources=False) == []
 
 
 @pytest.mark.slow
