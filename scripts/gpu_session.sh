@@ -8,7 +8,8 @@
 #       xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic-core==2.50.5 \
 #       annotated-types typing-inspection
 #     PYTHONPATH=src python scripts/bench_gpu_rollout.py --build-tokenizer --tokenizer .gpu/tokenizer
-#   run:   bash scripts/gpu_session.sh [smoke|rollout|all]
+#   run:   bash scripts/gpu_session.sh smoke, then bash scripts/gpu_session.sh rollout (one device
+#          call each: together they can pass the 10-minute limit of one call)
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}
