@@ -25,7 +25,7 @@ import torch
 import xgrammar as xgr
 
 from atlas.runtime.grammar import CompiledCall
-from atlas.runtime.sampling import keys_for, sample
+from atlas.runtime.sampling import draw, seed_key, step_keys
 
 # A per-row logit bias for scripted boundary cases: given the tokens generated so far, an additive
 # bias over the vocabulary (or None). It steers sampling; the grammar still decides what is legal.
@@ -91,7 +91,7 @@ class HFEngine:
         n = len(requests)
         outs = [Generation() for _ in requests]
         matchers = [xgr.GrammarMatcher(r.grammar.grammar) for r in requests]
-        seeds = [r.seed for r in requests]
+        seed_keys = torch.tensor([seed_key(r.seed) for r in requests], dtype=torch.int64, device=self.device)
         active = list(range(n))
         bitmask = xgr.allocate_token_bitmask(n, self.vocab_size)
 
@@ -127,20 +127,15 @@ class HFEngine:
                 )
                 xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=active)
             mask_s = time.perf_counter() - t0
-            logp_all = torch.log_softmax(logits, dim=-1)
-            # A row whose grammar leaves one token is forced: nothing was chosen (log-prob 0).
-            allowed = torch.isfinite(logp_all).sum(-1).cpu()
-            tokens = sample(logp_all, keys_for(seeds, step, logits.device), self.top_p)
-            chosen = logp_all.gather(-1, tokens[:, None])[:, 0].cpu()
-            tokens = tokens.cpu()
+            tokens, chosen, flags = draw(logits, step_keys(seed_keys, step), self.top_p)
+            tokens, chosen, flags = tokens.tolist(), chosen.tolist(), flags.tolist()
 
             next_ids = torch.full((n,), self.pad_token_id, dtype=torch.long)
             still = []
             for i in active:
                 g = outs[i]
                 g.mask_s += mask_s / len(active)
-                tok = int(tokens[i])
-                lp, sampled = (0.0, 0) if allowed[i] == 1 else (float(chosen[i]), 1)
+                tok, lp, sampled = tokens[i], chosen[i], int(flags[i])
                 if self.constrained and not matchers[i].accept_token(tok):
                     raise RuntimeError(f"grammar rejected token {tok} it had allowed (row {i}, step {step})")
                 g.token_ids.append(tok)

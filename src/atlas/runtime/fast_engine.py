@@ -27,7 +27,7 @@ import xgrammar as xgr
 from transformers import StaticCache
 
 from atlas.runtime.engine import Generation, GenerationRequest
-from atlas.runtime.sampling import sample, seed_key, step_keys
+from atlas.runtime.sampling import draw, seed_key, step_keys
 
 KEEP_CACHES = 2
 
@@ -128,12 +128,7 @@ class StaticEngine:
         if self.constrained:
             allowed_bits = (bitmask[:, self._word] >> self._bit) & 1
             logits = torch.where((allowed_bits == 1) & self._unbanned, logits, float("-inf"))
-        logp = torch.log_softmax(logits, dim=-1)
-        allowed = torch.isfinite(logp).sum(-1)
-        tokens = sample(logp, keys, self.top_p)
-        sampled = allowed > 1
-        chosen = logp.gather(-1, tokens[:, None])[:, 0]
-        return tokens, torch.where(sampled, chosen, torch.zeros_like(chosen)), sampled
+        return draw(logits, keys, self.top_p)
 
     @torch.no_grad()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:

@@ -81,5 +81,16 @@ def sample(logp: torch.Tensor, keys: torch.Tensor, top_p: float = 1.0) -> torch.
     return scores.argmax(-1)
 
 
+def draw(logits: torch.Tensor, keys: torch.Tensor, top_p: float = 1.0):
+    """One token per row from masked logits (-inf: not allowed). Returns the tokens, their
+    log-probs under the masked distribution, and the sampled flags. A row whose grammar leaves
+    one token is forced: nothing was chosen, so its flag is False and its log-prob 0."""
+    logp = torch.log_softmax(logits, dim=-1)
+    sampled = torch.isfinite(logp).sum(-1) > 1
+    tokens = sample(logp, keys, top_p)
+    chosen = logp.gather(-1, tokens[:, None])[:, 0]
+    return tokens, torch.where(sampled, chosen, torch.zeros_like(chosen)), sampled
+
+
 def keys_for(seeds: list[int], step: int, device) -> torch.Tensor:
     return step_keys(torch.tensor([seed_key(s) for s in seeds], dtype=torch.int64, device=device), step)
