@@ -220,6 +220,41 @@ def _default_runs() -> dict[str, RunConfig]:
     }
 
 
+class VerlConfig(_Strict):
+    """engine: verl only: the cluster shape and the verl knobs the shared training keys do not cover.
+
+    The report's settings are the defaults: FSDP2 with parameters offloaded to CPU between phases and
+    optimizer state kept on the GPU, gradient checkpointing, padding removal, bf16, vLLM rollouts."""
+
+    nnodes: int = Field(default=1, ge=1, description="Ray nodes (trainer.nnodes).")
+    gpus_per_node: int | None = Field(
+        default=None, ge=1, description="GPUs per node (trainer.n_gpus_per_node); null = resources.gpus."
+    )
+    rollout_tensor_parallel: int = Field(
+        default=1, ge=1, description="vLLM tensor parallel size (rollout.tensor_model_parallel_size)."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.6,
+        gt=0,
+        le=1,
+        description="Share of GPU memory vLLM may take (rollout.gpu_memory_utilization).",
+    )
+    param_offload: bool = Field(default=True, description="FSDP parameters offloaded to CPU between phases.")
+    optimizer_offload: bool = Field(default=False, description="FSDP optimizer state offloaded to CPU.")
+    gradient_checkpointing: bool = Field(default=True, description="Activation recomputation in the updates.")
+    remove_padding: bool = Field(
+        default=True, description="Packed sequences in the updates (use_remove_padding)."
+    )
+    ray_address: str | None = Field(
+        default=None, description="Address of a running Ray cluster; null starts a local one."
+    )
+    overrides: list[str] = Field(
+        default=[],
+        description="Extra Hydra overrides passed to verl last, e.g. 'actor_rollout_ref.rollout.n=4'. "
+        "Checked by composing verl's own config.",
+    )
+
+
 class TrainingConfig(_Strict):
     """Training: the engine, the policy's adapters, PPO, the runs and what they write."""
 
@@ -262,6 +297,7 @@ class TrainingConfig(_Strict):
         description="Training runs by name (results/runs/<name>/): the training smoke and the arms.",
     )
     dose_step: DoseStepConfig = Field(default_factory=DoseStepConfig, description="The dose step stage.")
+    verl: VerlConfig = Field(default_factory=VerlConfig, description="engine: verl only (ignored by local).")
 
     @model_validator(mode="after")
     def _runs_consistent(self) -> TrainingConfig:
