@@ -554,6 +554,8 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
     if stage in ("training", "dose_step", "validation"):
         training = dict(out["training"])
         runs, dose = training.pop("runs"), training.pop("dose_step")
+        if training["engine"] == "local":  # the verl knobs cannot change a local run
+            training.pop("verl")
         if stage == "validation":  # the policy's adapter shape; its run folder is an input
             training = {
                 k: training[k] for k in ("lora_rank", "lora_alpha", "lora_targets", "responses_per_question")
