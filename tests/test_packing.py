@@ -1,0 +1,186 @@
+"""The efficient PPO update's pieces against the plain path, on a tiny random Qwen3 (CPU, float32):
+padding removal (packed rows, transformers' block-causal mask and the varlen attention function)
+and the chunked output head (grammar masks, temperature, entropy, gradients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from atlas.config import TrainingConfig
+from atlas.model.policy import ActorCritic
+from atlas.rl.fused_head import head_logprobs, output_weight, packed_token_logprobs, unpack_bitmask
+from atlas.rl.packing import decoder, pack, packed_attention
+from atlas.rl.ppo import Batch, token_logprobs
+from atlas.rl.replay import ReplayedMasks, masked_logprobs
+
+VOCAB = 300  # not a multiple of 32: the bitmask's last word is partly past the vocabulary
+LENGTHS = [9, 1, 14, 6]  # one single-token row: its position 0 follows another row's 0
+
+
+def tiny_lm() -> Qwen3ForCausalLM:
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def padded_batch(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths) + 2  # trailing padding on every row
+    ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(1, VOCAB, (n,), generator=g)
+        attn[i, :n] = 1
+    return ids, attn
+
+
+def random_bitmask(targets: torch.Tensor, seed: int) -> torch.Tensor:
+    """xgrammar-layout masks allowing a random ~third of the vocabulary plus each target; one row
+    allows only its target (a forced token: log-prob 0)."""
+    g = torch.Generator().manual_seed(seed)
+    words = -(-VOCAB // 32)
+    allowed = torch.rand((len(targets), words * 32), generator=g) < 0.3
+    allowed[torch.arange(len(targets)), targets] = True
+    allowed[0] = False
+    allowed[0, targets[0]] = True
+    bits = allowed.view(len(targets), words, 32).long() << torch.arange(32)
+    return bits.sum(-1).to(torch.int64).to(torch.int32)  # wraps bit 31 to the sign, as xgrammar's
+
+
+def test_pack_restarts_positions_and_unpacks_to_the_padded_layout():
+    ids, attn = padded_batch(LENGTHS)
+    packed = pack(ids, attn)
+    assert packed.tokens == sum(LENGTHS) and packed.lengths == LENGTHS
+    assert packed.cu_seqlens.tolist() == [0, 9, 10, 24, 30]
+    assert packed.position_ids[0, 8:12].tolist() == [8, 0, 0, 1]
+    assert torch.equal(packed.unpack(packed.input_ids[0]), ids * attn)
+    with pytest.raises(ValueError, match="right-padded"):
+        pack(ids, attn.flip(-1))
+
+
+def test_packed_forward_equals_the_padded_forward():
+    model = tiny_lm()
+    ids, attn = padded_batch(LENGTHS)
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=attn).logits
+        packed = pack(ids, attn)
+        # transformers' own packed-row detection: position ids restart, block-causal sdpa mask
+        kwargs = packed.model_kwargs()
+        plain = packed.unpack(model(**kwargs).logits)
+        with packed_attention(model):
+            varlen = packed.unpack(model(**kwargs).logits)
+        assert model.config._attn_implementation == "sdpa"  # restored
+    on = attn.bool()
+    assert (padded[on] - plain[on]).abs().max() < 1e-5
+    assert (padded[on] - varlen[on]).abs().max() < 1e-5
+    # without the restart the rows would see each other: the check has teeth
+    with torch.no_grad():
+        leaky = model(input_ids=packed.input_ids, use_cache=False).logits
+    assert (packed.unpack(leaky)[on] - padded[on]).abs().max() > 1e-3
+
+
+def test_unpack_bitmask_reads_xgrammar_words():
+    targets = torch.tensor([5, 31, 32, 299])
+    bitmask = random_bitmask(targets, seed=3)
+    allowed = unpack_bitmask(bitmask, VOCAB)
+    words, bits = torch.arange(VOCAB) // 32, torch.arange(VOCAB) % 32
+    expected = ((bitmask[:, words] >> bits) & 1).bool()
+    assert torch.equal(allowed, expected)
+    assert allowed[0].sum() == 1 and allowed[0, 5]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_head_matches_the_full_logits_path_values_and_gradients(temperature):
+    g = torch.Generator().manual_seed(7)
+    n, hidden_size = 37, 16
+    hidden = torch.randn((n, hidden_size), generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn((VOCAB, hidden_size), generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (n,), generator=g)
+    bitmask = random_bitmask(targets, seed=11)
+    w_lp, w_ent = (
+        torch.randn(n, generator=g, dtype=torch.float64),
+        torch.randn(n, generator=g, dtype=torch.float64),
+    )
+
+    # plain: full logits, replay's masked log-softmax; entropy of the same masked distribution
+    logits = hidden @ weight.t()
+    ref_lp = masked_logprobs(logits.double(), targets, bitmask, temperature).double()
+    z = (logits / temperature).masked_fill(~unpack_bitmask(bitmask, VOCAB), float("-inf"))
+    logp = torch.log_softmax(z, -1)
+    ref_ent = -(logp.exp() * logp.masked_fill(z == float("-inf"), 0.0)).sum(-1)
+    (ref_lp.double() @ w_lp + ref_ent @ w_ent).backward()
+    ref_gh, ref_gw = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+
+    lp, ent = head_logprobs(hidden, weight, targets, bitmask, temperature, chunk=8, entropy=True)
+    (lp.double() @ w_lp + ent.double() @ w_ent).backward()
+    assert lp[0].item() == 0.0  # the forced row
+    assert torch.allclose(lp.double(), ref_lp, atol=1e-5)
+    assert torch.allclose(ent.double(), ref_ent, atol=1e-5)
+    # both sides log-softmax in float32 (as replay's masked_logprobs does): float32 rounding
+    assert torch.allclose(hidden.grad, ref_gh, atol=1e-4, rtol=1e-4)
+    assert torch.allclose(weight.grad, ref_gw, atol=1e-4, rtol=1e-4)
+    assert ref_gh.abs().max() > 1e-2  # the gradients are not trivially zero
+
+
+def test_fused_head_without_a_mask_is_log_softmax():
+    g = torch.Generator().manual_seed(2)
+    hidden, weight = torch.randn((10, 8), generator=g), torch.randn((VOCAB, 8), generator=g)
+    targets = torch.randint(0, VOCAB, (10,), generator=g)
+    lp, ent = head_logprobs(hidden, weight, targets, None, chunk=3)
+    ref = torch.log_softmax(hidden @ weight.t(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    assert ent is None and torch.allclose(lp, ref, atol=1e-5)
+
+
+def test_packed_actor_logprobs_and_gradients_equal_the_padded_path():
+    """The update's actor term, packed + fused head against ppo.token_logprobs, through the real
+    ActorCritic (LoRA on every linear layer, actor adapter active)."""
+    ac = ActorCritic(tiny_lm(), TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8))
+    with torch.no_grad():  # move the LoRA B matrices off zero so the adapters matter
+        for p in ac.trainable("actor").values():
+            p.add_(0.05 * torch.randn_like(p))
+    lengths = [12, 5, 15]
+    ids, attn = padded_batch(lengths, seed=4)
+    masks = []
+    for i, n in enumerate(lengths):
+        pos = torch.arange(max(1, n - 6), n)  # the last tokens of each row were generated
+        masks.append(ReplayedMasks(pos, random_bitmask(ids[i, pos], seed=20 + i)))
+    sampled = torch.zeros(ids.shape)
+    batch = Batch(ids, attn, sampled, sampled, sampled, masks)
+    temperature = 0.8
+    params = list(ac.trainable("actor").values())
+
+    with ac.role("actor"):
+        plain = token_logprobs(ac.actor_logits(ids, attn), batch, temperature)
+        plain.sum().backward()
+        plain_grads = [p.grad.clone() for p in params]
+        ac.zero_grad(set_to_none=True)
+
+        packed = pack(ids, attn)
+        with packed_attention(ac.peft):
+            hidden = decoder(ac.peft)(**packed.model_kwargs()).last_hidden_state
+            fused, _ = packed_token_logprobs(
+                hidden, output_weight(ac.peft), packed, masks, temperature, chunk=5
+            )
+        fused.sum().backward()
+        fused_grads = [p.grad for p in params]
+
+    assert (plain != 0).sum() > 10
+    assert torch.equal(fused == 0, plain == 0)
+    assert (fused - plain).abs().max() < 1e-5
+    worst = max((a - b).abs().max().item() for a, b in zip(plain_grads, fused_grads, strict=True))
+    assert worst < 1e-5, worst
+    assert max(a.abs().max().item() for a in plain_grads) > 1e-3
