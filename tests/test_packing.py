@@ -4,11 +4,14 @@ and the chunked output head (grammar masks, temperature, entropy, gradients)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from atlas.config import TrainingConfig
+from atlas.model.fused_lora import fused_lora
 from atlas.model.policy import ActorCritic
 from atlas.rl.fused_head import head_logprobs, output_weight, packed_token_logprobs, unpack_bitmask
 from atlas.rl.packing import decoder, pack, packed_attention
@@ -184,3 +187,26 @@ def test_packed_actor_logprobs_and_gradients_equal_the_padded_path():
     worst = max((a - b).abs().max().item() for a, b in zip(plain_grads, fused_grads, strict=True))
     assert worst < 1e-5, worst
     assert max(a.abs().max().item() for a in plain_grads) > 1e-3
+
+
+def test_fused_lora_forward_equals_peft_values_and_gradients():
+    ac = ActorCritic(tiny_lm(), TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8))
+    with torch.no_grad():
+        for p in ac.trainable("actor").values():
+            p.add_(0.05 * torch.randn_like(p))
+    ids, attn = padded_batch([11, 7], seed=5)
+    params = list(ac.trainable("actor").values())
+    outs, grads = [], []
+    for fused in (False, True):
+        with ac.role("actor"), fused_lora(ac.peft) if fused else contextlib.nullcontext():
+            logits = ac.actor_logits(ids, attn)
+            (logits[attn.bool()] ** 2).mean().backward()
+        outs.append(logits.detach())
+        grads.append([p.grad.clone() for p in params])
+        ac.zero_grad(set_to_none=True)
+    assert (outs[0] - outs[1]).abs().max() < 1e-5
+    assert max((a - b).abs().max().item() for a, b in zip(*grads, strict=True)) < 1e-5
+    assert "forward" not in vars(next(m for m in ac.modules() if hasattr(m, "lora_A")))  # restored
+    with ac.peft.disable_adapter(), fused_lora(ac.peft):  # adapters off: peft's own path
+        ref = ac.peft(input_ids=ids, attention_mask=attn).logits
+    assert (ref - outs[0]).abs().max() > 1e-4
