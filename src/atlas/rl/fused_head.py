@@ -176,15 +176,16 @@ def packed_token_logprobs(
         raise ValueError(f"{len(masks)} masks for {len(packed.lengths)} packed rows")
     device = h.device
     where, bitmasks = [], []
-    for row, m in enumerate(masks):
-        pos = m.positions.to(device)
+    for row, (m, start) in enumerate(zip(masks, packed.starts, strict=True)):
+        pos = m.positions  # host tensor as replay makes it: the check costs no device sync
         if pos.numel() and (int(pos.min()) < 1 or int(pos.max()) >= packed.lengths[row]):
             raise ValueError(f"row {row}: generated positions must lie in 1..{packed.lengths[row] - 1}")
-        where.append(packed.index(row, pos))
-        bitmasks.append(m.bitmask.to(device))
-    at = torch.cat(where)
+        where.append(pos + start)
+        bitmasks.append(m.bitmask)
+    at = torch.cat(where).to(device)
     ids = packed.input_ids[0].to(device)
-    lp, ent = head_logprobs(h[at - 1], weight, ids[at], torch.cat(bitmasks), temperature, chunk, entropy)
+    bitmask = torch.cat(bitmasks).to(device, non_blocking=True)
+    lp, ent = head_logprobs(h[at - 1], weight, ids[at], bitmask, temperature, chunk, entropy)
     zeros = torch.zeros(packed.tokens, dtype=torch.float32, device=device)
     lp_out = packed.unpack(zeros.index_put((at,), lp))
     ent_out = packed.unpack(zeros.index_put((at,), ent)) if entropy else None

@@ -43,7 +43,16 @@ class Packed:
 
     @property
     def tokens(self) -> int:
-        return int(self.cu_seqlens[-1])
+        return sum(self.lengths)
+
+    @property
+    def starts(self) -> list[int]:
+        """Packed index of each row's first token (host ints: no device sync)."""
+        out, at = [], 0
+        for n in self.lengths:
+            out.append(at)
+            at += n
+        return out
 
     @property
     def max_length(self) -> int:
@@ -66,7 +75,7 @@ class Packed:
 
     def index(self, row: int, positions: torch.Tensor) -> torch.Tensor:
         """Packed indices of `positions` (indices into padded row `row`)."""
-        return positions + int(self.cu_seqlens[row])
+        return positions + self.starts[row]
 
     def unpack(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """[1, N, ...] or [N, ...] packed values -> [B, T, ...], `fill` on padding."""
@@ -163,7 +172,7 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     if dropout:
         raise ValueError(f"{VARLEN} attention has no dropout (got {dropout})")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [N, H, D]
+    q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [N, H, D]
     if q.is_cuda:
         out = _VarlenFlash.apply(q, k, v, cu.to(torch.int32), int(kwargs["max_length_q"]), scale)
         return out.unsqueeze(0), None
