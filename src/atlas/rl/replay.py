@@ -64,12 +64,12 @@ def masked_logprobs(
     logits [n, V] are the model's outputs at the positions *before* each target; bitmask [n, W]
     the replayed masks of those targets."""
     scaled = logits.float() / temperature
-    allowed = _unpack(bitmask.to(logits.device), scaled.shape[-1])
+    allowed = unpack_bitmask(bitmask.to(logits.device), scaled.shape[-1])
     scaled = scaled.masked_fill(~allowed, float("-inf"))
     return torch.log_softmax(scaled, dim=-1).gather(-1, targets.view(-1, 1)).squeeze(-1)
 
 
-def _unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """[n, W] int32 words -> [n, vocab] bool (bit j of word w is token 32w + j)."""
     bits = torch.arange(32, device=bitmask.device, dtype=torch.int32)
     expanded = (bitmask.unsqueeze(-1) >> bits) & 1

@@ -25,7 +25,7 @@ from typing import Any
 from atlas.config import GraderConfig, RuntimeConfig
 from atlas.data.schema import TestCase
 from atlas.hashing import canonical_json, sha256_bytes
-from atlas.runtime.engine import GenerationRequest
+from atlas.runtime.engine import Generation, GenerationRequest
 from atlas.runtime.execute import ToolResult, execute_call
 from atlas.runtime.protocol import parse_call
 from atlas.runtime.records import ExecutionRecord
@@ -151,6 +151,32 @@ def offered_tools(ep: Episode, rt: Runtime, turn: int, cfg: RuntimeConfig) -> di
     return ep.tools
 
 
+def begin_turn(ep: Episode, rt: Runtime, turn: int, cfg: RuntimeConfig) -> dict[str, Tool] | None:
+    """The tools turn `turn` offers, or None when the budget ends the episode here."""
+    offered = offered_tools(ep, rt, turn, cfg)
+    if offered is None:
+        ep.end_reason = "trajectory_limit"
+    return offered
+
+
+def take_generation(
+    ep: Episode, rt: Runtime, gen: Generation, offered: dict[str, Tool]
+) -> tuple[dict[str, Any] | None, str | None]:
+    """Append a generation to the trajectory and parse its one call (by token id)."""
+    ep.add_generation(gen, offered, rt.grammars.get(offered).token_bound, rt.stop_ids)
+    return parse_call(gen.token_ids, rt.decode, rt.call_open_id, rt.call_close_id)
+
+
+def run_tool(
+    ep: Episode, offered: dict[str, Tool], call, graders: GraderConfig, cfg: RuntimeConfig
+) -> tuple[ToolResult, float]:
+    """Execute a parsed call (or refuse an unparsed one); returns the result and its seconds."""
+    parsed, error = call
+    t = time.perf_counter()
+    result = execute_call(parsed, error, offered, ep.question, ep.tests, graders, cfg.tool_output_chars)
+    return result, time.perf_counter() - t
+
+
 def run_episodes(
     rt: Runtime,
     specs: list[EpisodeSpec],
@@ -164,55 +190,41 @@ def run_episodes(
     progress: Callable[[str], None] | None = None,
 ) -> list[Episode]:
     """Run every episode to its end, one turn of all live episodes at a time. `progress` gets
-    one line per turn."""
+    one line per turn. (The verl agent loop, atlas.verl.agent_loop, runs one episode with the
+    same per-turn steps: begin_turn, take_generation, run_tool, record_turn.)"""
     code = CodeBounds(cfg.max_code_run, cfg.max_code_escapes)
     episodes = [start_episode(rt, s, code) for s in specs]
     pool = ThreadPoolExecutor(max_workers=graders.workers)
     try:
         for turn in range(cfg.max_turns):
-            live = [ep for ep in episodes if not ep.done]
             requests, batch = [], []
-            for ep in live:
-                offered = offered_tools(ep, rt, turn, cfg)
+            for ep in [ep for ep in episodes if not ep.done]:
+                offered = begin_turn(ep, rt, turn, cfg)
                 if offered is None:
-                    ep.end_reason = "trajectory_limit"
                     continue
-                grammar = rt.grammars.get(offered)
                 uid = ep.question["question_uid"]
                 steer = rt.steer(ep.script[turn]) if ep.script and turn < len(ep.script) else None
                 requests.append(
                     GenerationRequest(
                         ep.token_ids,
-                        grammar,
+                        rt.grammars.get(offered),
                         cfg.max_generation_tokens,
                         episode_seed(seed, run, step, uid, ep.sample, turn),
                         steer,
                     )
                 )
-                batch.append((ep, offered, grammar.token_bound))
+                batch.append((ep, offered))
             if not batch:
                 break
             t0 = time.perf_counter()
             gens = rt.engine.generate(requests)
             gen_s = (time.perf_counter() - t0) / len(batch)
 
-            calls = []
-            for (ep, offered, bound), gen in zip(batch, gens, strict=True):
-                ep.add_generation(gen, offered, bound, rt.stop_ids)
-                calls.append(parse_call(gen.token_ids, rt.decode, rt.call_open_id, rt.call_close_id))
-
-            def run_tool(item, call):
-                (ep, offered, _), (parsed, error) = item, call
-                t = time.perf_counter()
-                result = execute_call(
-                    parsed, error, offered, ep.question, ep.tests, graders, cfg.tool_output_chars
-                )
-                return result, time.perf_counter() - t
-
-            results = list(pool.map(run_tool, batch, calls))
-            for (ep, _, _), gen, (parsed, _), (result, tool_s) in zip(
-                batch, gens, calls, results, strict=True
-            ):
+            calls = [
+                take_generation(ep, rt, gen, offered) for (ep, offered), gen in zip(batch, gens, strict=True)
+            ]
+            results = list(pool.map(lambda item, call: run_tool(*item, call, graders, cfg), batch, calls))
+            for (ep, _), gen, (parsed, _), (result, tool_s) in zip(batch, gens, calls, results, strict=True):
                 record_turn(ep, rt, gen, parsed, result, cfg, run=run, step=step, phase=phase, turn=turn)
                 # Generation time is the batch's, shared evenly; tool time is the call's own.
                 ep.records[-1].timing_s_generate, ep.records[-1].timing_s_tool = gen_s, tool_s

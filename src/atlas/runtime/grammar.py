@@ -122,6 +122,7 @@ class CompiledCall:
     tools: tuple[str, ...]
     grammar: xgr.CompiledGrammar
     token_bound: int  # no generation under this grammar is longer, stop token included
+    tag_json: str  # the structural tag it was compiled from: what another engine (vLLM) is handed
 
 
 def grammar_tokenizer_info(
@@ -162,6 +163,7 @@ class CallGrammars:
         self.max_text_tokens = max_text_tokens
         self.max_tokens = max_tokens
         self._cache: dict[tuple, CompiledCall] = {}
+        self._by_text: dict[str, xgr.CompiledGrammar] = {}
 
     def get(self, tools: dict[str, Tool]) -> CompiledCall:
         key = tuple(sorted((name, json.dumps(t.schema, sort_keys=True)) for name, t in tools.items()))
@@ -174,5 +176,11 @@ class CallGrammars:
                     "runtime.max_text_tokens / runtime.max_code_run / runtime.max_code_escapes"
                 )
             grammar = self.compiler.compile_structural_tag(tag)
-            self._cache[key] = CompiledCall(tuple(sorted(tools)), grammar, bound)
+            self._cache[key] = CompiledCall(tuple(sorted(tools)), grammar, bound, tag.model_dump_json())
         return self._cache[key]
+
+    def from_tag_json(self, tag_json: str) -> xgr.CompiledGrammar:
+        """Compile a structural tag another process built with `get` (cached by its text)."""
+        if tag_json not in self._by_text:
+            self._by_text[tag_json] = self.compiler.compile_structural_tag(tag_json)
+        return self._by_text[tag_json]

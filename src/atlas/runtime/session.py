@@ -24,8 +24,8 @@ _PROBE_CALL, _PROBE_OUTPUT = "\u2063CALL\u2063", "\u2063OUTPUT\u2063"
 @dataclass
 class Runtime:
     tokenizer: object
-    model: object
-    engine: HFEngine
+    model: object | None  # None where another process generates (the verl agent loop)
+    engine: HFEngine | None
     grammars: CallGrammars
     call_open_id: int
     call_close_id: int
@@ -95,22 +95,12 @@ def _response_wrapper(tokenizer) -> tuple[list[int], list[int]]:
     return encode(head), encode(tail)
 
 
-def make_runtime(model, tokenizer, cfg: RuntimeConfig, constrained: bool = True) -> Runtime:
-    """A runtime around an already loaded model (the base, or the actor adapter during training)."""
-    vocab = model.config.vocab_size
+def tool_runtime(tokenizer, vocab_size: int, cfg: RuntimeConfig, model=None, engine=None) -> Runtime:
+    """The runtime's tokenizer side (chat template, call grammars, tool-response wrapper); the model
+    and engine are optional, for callers whose tokens come from elsewhere (a vLLM server)."""
     stop_ids = frozenset({tokenizer.convert_tokens_to_ids(tokenizer.eos_token)})
     grammars = CallGrammars(
-        tokenizer, vocab, sorted(stop_ids), cfg.max_text_tokens, cfg.max_generation_tokens
-    )
-    engine = HFEngine(
-        model,
-        vocab,
-        stop_ids,
-        tokenizer.pad_token_id,
-        cfg.temperature,
-        cfg.top_p,
-        constrained=constrained,
-        banned_token_ids=sorted(grammars.banned_token_ids),
+        tokenizer, vocab_size, sorted(stop_ids), cfg.max_text_tokens, cfg.max_generation_tokens
     )
     head, tail = _response_wrapper(tokenizer)
     return Runtime(
@@ -124,6 +114,22 @@ def make_runtime(model, tokenizer, cfg: RuntimeConfig, constrained: bool = True)
         response_head=head,
         response_tail=tail,
     )
+
+
+def make_runtime(model, tokenizer, cfg: RuntimeConfig, constrained: bool = True) -> Runtime:
+    """A runtime around an already loaded model (the base, or the actor adapter during training)."""
+    rt = tool_runtime(tokenizer, model.config.vocab_size, cfg, model=model)
+    rt.engine = HFEngine(
+        model,
+        model.config.vocab_size,
+        rt.stop_ids,
+        tokenizer.pad_token_id,
+        cfg.temperature,
+        cfg.top_p,
+        constrained=constrained,
+        banned_token_ids=sorted(rt.grammars.banned_token_ids),
+    )
+    return rt
 
 
 def load_model(model_dir: str | Path, device: str = "cpu"):

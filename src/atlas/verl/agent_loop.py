@@ -1,0 +1,323 @@
+"""The verl agent loop: one episode of the sequential tool runtime per verl sample.
+
+verl's V1 trainer hands each sample (a question row of the dataset the launcher wrote) to
+`AtlasToolAgentLoop.run`, which plays the episode with the same per-turn steps as the local engine
+(atlas.runtime.episode: begin_turn, take_generation, run_tool, record_turn):
+
+    turn t: the runtime's grammar for the offered tools -> vLLM, as a structured-output structural
+            tag in that call's sampling_params (the tag `CallGrammars` built, never a second copy)
+            -> the returned tokens replayed through the same grammar: every token must be legal,
+               and a token is forced (sampled 0) where the grammar admitted exactly one
+            -> parse the call by token id -> run the tool through the same tools and graders
+            -> one ExecutionRecord
+    end:    potential shaping (the same potential code) -> reward on each record's action token
+
+What goes back to verl (`AtlasAgentLoopOutput`):
+    response_mask  1 = sampled by the policy; 0 = tool output, and tokens the grammar forced. It is
+                   the loss mask of the local engine (`sampled`), so forced tokens stay out of both
+                   losses and GAE, as they do locally.
+    rm_scores      record k's reward on its action token (a sampled token, so GAE keeps it); verl's
+                   default puts one scalar on the last token instead. Built in `as_dict`, which the
+                   V1 trainer's TransferQueue path calls; the legacy (use_v1=False) path ignores it.
+    extra_fields   {"records": one dict per ExecutionRecord}.
+Each episode is also written to `records_dir/<phase>/global_step_<g>/<uid>__<sample>.json` before
+verl's update uses it, which `atlas.verl.convert` turns into the run folder's records.parquet.
+
+The loop is configured by one JSON file (`LoopSettings`, written by atlas.verl.launch) named in
+the agent-loop YAML as `settings: <path>`; verl instantiates the class with it as a keyword.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import xgrammar as xgr
+from pydantic import BaseModel
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+
+from atlas.config import AtlasConfig, parse_config
+from atlas.hashing import atomic_path, canonical_json
+from atlas.rl.potentials import Potential, make_potential
+from atlas.rl.replay import unpack_bitmask
+from atlas.rl.rewards import RewardPlacementError, shape_episode
+from atlas.runtime.engine import Generation
+from atlas.runtime.episode import (
+    Episode,
+    EpisodeSpec,
+    begin_turn,
+    episode_seed,
+    record_turn,
+    run_tool,
+    start_episode,
+    take_generation,
+)
+from atlas.runtime.grammar import CompiledCall
+from atlas.runtime.inputs import read_questions, read_tests
+from atlas.runtime.session import Runtime, tool_runtime
+from atlas.runtime.tools import CodeBounds
+
+AGENT_NAME = "atlas_tool_agent"
+
+
+class LoopSettings(BaseModel):
+    """What the agent loop needs beyond verl's own config: written by the launcher, one per run."""
+
+    config: dict[str, Any]  # the whole AtlasConfig (model_dump)
+    run: str
+    vocab_size: int  # the model's logits width (xgrammar bitmasks are this wide)
+    train: str  # results/data/train.parquet
+    val: str
+    tests: str
+    model: str
+    snapshot: str | None = None  # run folder of a critic_snapshot potential
+    records_dir: str
+
+
+class GrammarMismatchError(RuntimeError):
+    """The rollout server returned a token the turn's grammar does not admit."""
+
+
+@dataclass
+class LoopSetup:
+    cfg: AtlasConfig
+    run: str
+    rt: Runtime
+    questions: dict[str, dict]
+    tests: dict
+    potential: Potential
+    records_dir: Path
+    banned: torch.Tensor  # [vocab] bool: control tokens the grammar never admits
+
+
+_SETUPS: dict[str, LoopSetup] = {}
+_SETUP_LOCK = threading.Lock()
+
+
+def loop_setup(settings_path: str, tokenizer) -> LoopSetup:
+    """Per process and settings file: config, runtime (grammars compile once), questions, potential."""
+    with _SETUP_LOCK:
+        if settings_path not in _SETUPS:
+            s = LoopSettings.model_validate_json(Path(settings_path).read_text())
+            cfg = parse_config(s.config)
+            rt = tool_runtime(tokenizer, s.vocab_size, cfg.runtime)
+            questions = {q["question_uid"]: q for path in (s.train, s.val) for q in read_questions(path)}
+            banned = torch.zeros(s.vocab_size, dtype=torch.bool)
+            banned[sorted(rt.grammars.banned_token_ids)] = True
+            _SETUPS[settings_path] = LoopSetup(
+                cfg=cfg,
+                run=s.run,
+                rt=rt,
+                questions=questions,
+                tests=read_tests(s.tests),
+                potential=build_potential(cfg, s),
+                records_dir=Path(s.records_dir),
+                banned=banned,
+            )
+        return _SETUPS[settings_path]
+
+
+def build_potential(cfg: AtlasConfig, s: LoopSettings) -> Potential:
+    """The run's potential through the same registry as the local trainer. A critic snapshot needs
+    the base model and the snapshot critic in this process (on CPU: fine for small models only)."""
+    run = cfg.training.runs[s.run]
+    if run.potential == "zero":
+        return make_potential("zero")
+    from atlas.model.policy import ActorCritic
+    from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
+    from atlas.runtime.session import load_model
+
+    base, _ = load_model(s.model)
+    ac = ActorCritic(base, cfg.training, seed=cfg.seed)
+    return make_potential(run.potential, model=ac, run_folder=s.snapshot, step=run.snapshot_step)
+
+
+def structured_outputs(tag_json: str):
+    """The structured-output request vLLM takes in SamplingParams: our structural tag. Without vLLM
+    in this process (the CPU server manager of atlas.verl.local_server) a plain dict carries it."""
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        return {"structural_tag": tag_json}
+    return StructuredOutputsParams(structural_tag=tag_json)
+
+
+def replay_generation(
+    token_ids: list[int], logprobs: list[float] | None, call: CompiledCall, setup: LoopSetup
+) -> Generation:
+    """A Generation (ids, log-probs, sampled/forced flags, finish reason) from a server's tokens.
+
+    The tokens are replayed through the turn's grammar: each must be legal (else the server did not
+    enforce our grammar: GrammarMismatchError), and a token is forced (sampled 0, log-prob 0) where
+    the grammar, control-token ban included, admitted exactly one token, as the local engine marks
+    it. A server that stops on the stop token but leaves it out of its tokens gets it appended as a
+    forced token, so the trajectory holds the same tokens the chat template expects."""
+    rt = setup.rt
+    if logprobs is not None and len(logprobs) != len(token_ids):
+        raise ValueError(f"{len(logprobs)} log-probs for {len(token_ids)} tokens")
+    matcher = xgr.GrammarMatcher(call.grammar)
+    bitmask = xgr.allocate_token_bitmask(1, len(setup.banned))
+    gen = Generation()
+
+    def allowed() -> torch.Tensor:
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        return unpack_bitmask(bitmask, len(setup.banned))[0] & ~setup.banned
+
+    for k, token in enumerate(token_ids):
+        legal = allowed()
+        if not legal[token] or not matcher.accept_token(token):
+            raise GrammarMismatchError(
+                f"token {token} at generation position {k} is not legal under the turn's grammar "
+                f"(tools {list(call.tools)}); the rollout server must enforce the structural tag it "
+                "was given (vLLM: structured_outputs with the xgrammar backend)"
+            )
+        sampled = int(legal.sum()) > 1
+        gen.token_ids.append(token)
+        gen.sampled.append(int(sampled))
+        gen.logprobs.append(float(logprobs[k]) if sampled and logprobs is not None else 0.0)
+        if matcher.is_terminated():
+            break
+    if not matcher.is_terminated():
+        legal = allowed()
+        only = legal.nonzero().flatten().tolist()
+        if len(only) == 1 and only[0] in rt.stop_ids:  # the server dropped the (forced) stop token
+            matcher.accept_token(only[0])
+            gen.token_ids.append(only[0])
+            gen.sampled.append(0)
+            gen.logprobs.append(0.0)
+    if len(gen.token_ids) < len(token_ids):
+        raise GrammarMismatchError(f"{len(token_ids) - len(gen.token_ids)} tokens after the grammar ended")
+    gen.finish_reason = "stop" if matcher.is_terminated() else "length"
+    return gen
+
+
+class AtlasAgentLoopOutput(AgentLoopOutput):
+    """verl's output with rm_scores built from the records: reward k on action token k."""
+
+    action_positions: list[int] = []  # response positions (trajectory position - prompt length)
+    action_rewards: list[float] = []
+
+    def as_dict(self) -> dict[str, Any]:
+        out = super().as_dict()
+        out.pop("action_positions", None)
+        out.pop("action_rewards", None)
+        mask = out["response_mask"]
+        rm = torch.zeros_like(mask, dtype=torch.float32)
+        for pos, reward in zip(self.action_positions, self.action_rewards, strict=True):
+            if not 0 <= pos < len(mask) or mask[pos] != 1:
+                raise RewardPlacementError(
+                    f"action token at response position {pos} has response_mask "
+                    f"{int(mask[pos]) if 0 <= pos < len(mask) else 'out of range'}; GAE would drop its reward"
+                )
+            rm[pos] = reward
+        out["rm_scores"] = rm
+        return out
+
+
+def episode_output(
+    ep: Episode, setup: LoopSetup, phase: str, metrics: AgentLoopMetrics
+) -> AtlasAgentLoopOutput:
+    """Shape rewards (train only; validation rewards are the scores), and build verl's output."""
+    run = setup.cfg.training.runs[setup.run]
+    if phase == "train":
+        placed = shape_episode(ep, setup.potential, gamma=setup.cfg.training.ppo.gamma, dose=run.dose)
+        placed.write_to(ep.records)
+    p = ep.prompt_tokens
+    return AtlasAgentLoopOutput(
+        prompt_ids=ep.token_ids[:p],
+        response_ids=ep.token_ids[p:],
+        response_mask=ep.sampled[p:],
+        response_logprobs=ep.logprobs[p:],
+        reward_score=sum(r.reward for r in ep.records),
+        num_turns=2 * len(ep.records) + 1,  # user, then an assistant and a tool message per call
+        metrics=metrics,
+        extra_fields={"records": [asdict(r) for r in ep.records]},
+        action_positions=[r.action_token - p for r in ep.records],
+        action_rewards=[r.reward for r in ep.records],
+    )
+
+
+def write_episode(ep: Episode, setup: LoopSetup, phase: str, global_step: int) -> Path:
+    """The episode's records and trajectory, one JSON file, written before any update uses them."""
+    uid = ep.question["question_uid"]
+    folder = setup.records_dir / phase / f"global_step_{global_step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{uid.replace(':', '_')}__{ep.sample}.json"
+    body = {
+        "question_uid": uid,
+        "sample": ep.sample,
+        "prompt_tokens": ep.prompt_tokens,
+        "token_ids": ep.token_ids,
+        "loss_mask": ep.loss_mask,
+        "sampled": ep.sampled,
+        "logprobs": ep.logprobs,
+        "end_reason": ep.end_reason,
+        "score": ep.score,
+        "records": [asdict(r) for r in ep.records],
+    }
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(canonical_json(body))
+    return path
+
+
+@register(AGENT_NAME)
+class AtlasToolAgentLoop(AgentLoopBase):
+    """One episode per call of `run`; see the module docstring."""
+
+    def __init__(self, *args, settings: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.setup = loop_setup(os.fspath(settings), self.tokenizer)
+
+    async def run(self, sampling_params: dict[str, Any], **row) -> AtlasAgentLoopOutput:
+        setup, rt = self.setup, self.setup.rt
+        cfg, graders = setup.cfg.runtime, setup.cfg.graders
+        info = row["extra_info"]
+        uid, phase = info["question_uid"], info["phase"]
+        if "session_id" not in row:
+            raise ValueError(
+                "no session_id in the agent loop's arguments: atlas's rewards on action tokens need "
+                "verl's V1 trainer (trainer.use_v1=True), which numbers the samples of a prompt"
+            )
+        sample, step = int(row["session_id"]), int(row.get("global_steps", 0))
+        if uid not in setup.questions:
+            raise KeyError(f"question {uid!r} of the verl dataset is in neither train nor val parquet")
+        spec = EpisodeSpec(setup.questions[uid], setup.tests.get(uid, []), sample)
+        ep = start_episode(rt, spec, CodeBounds(cfg.max_code_run, cfg.max_code_escapes))
+        metrics = AgentLoopMetrics()
+        for turn in range(cfg.max_turns):
+            offered = begin_turn(ep, rt, turn, cfg)
+            if offered is None:
+                break
+            call = rt.grammars.get(offered)
+            params = {
+                **sampling_params,
+                "max_tokens": cfg.max_generation_tokens,
+                "logprobs": True,
+                "seed": episode_seed(setup.cfg.seed, setup.run, step, uid, sample, turn),
+                "structured_outputs": structured_outputs(call.tag_json),
+            }
+            t0 = time.perf_counter()
+            out = await self.server_manager.generate(
+                f"{uid}-{phase}-{step}-{sample}", prompt_ids=list(ep.token_ids), sampling_params=params
+            )
+            gen_s = time.perf_counter() - t0
+            gen = replay_generation(list(out.token_ids), out.log_probs, call, setup)
+            parsed = take_generation(ep, rt, gen, offered)
+            result, tool_s = await asyncio.to_thread(run_tool, ep, offered, parsed, graders, cfg)
+            record_turn(ep, rt, gen, parsed[0], result, cfg, run=setup.run, step=step, phase=phase, turn=turn)
+            ep.records[-1].timing_s_generate, ep.records[-1].timing_s_tool = gen_s, tool_s
+            metrics.generate_sequences += gen_s
+            metrics.tool_calls += tool_s
+            if ep.done:
+                break
+        if not ep.done:
+            ep.end_reason = "turn_limit"
+        output = episode_output(ep, setup, phase, metrics)
+        write_episode(ep, setup, phase, step)
+        return output

@@ -1,0 +1,245 @@
+"""The verl agent loop on CPU: verl 0.9.1's AgentLoopBase driven by a server manager backed by the
+local HF engine, with the real grammar, tools and graders. Runs in the verl venv (CI); skips in
+the project venv unless ATLAS_REQUIRE_VERL is set.
+
+The strongest check: an episode played through the agent loop (one verl sample, tokens from the
+"server", sampled/forced flags recomputed by replaying the grammar) equals the same episode played
+by the local engine's batched loop, token for token and record for record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+
+if not os.environ.get("ATLAS_REQUIRE_VERL"):
+    pytest.importorskip("verl.experimental.agent_loop.agent_loop")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
+
+from atlas.config import load_config, parse_config  # noqa: E402
+from atlas.rl.potentials import make_potential, register_potential  # noqa: E402
+from atlas.rl.rewards import RewardPlacementError, shape_episode  # noqa: E402
+from atlas.runtime.episode import EpisodeSpec, run_episodes  # noqa: E402
+from atlas.runtime.inputs import read_questions, read_tests  # noqa: E402
+from atlas.runtime.session import load_runtime  # noqa: E402
+from atlas.verl.agent_loop import (  # noqa: E402
+    AtlasAgentLoopOutput,
+    AtlasToolAgentLoop,
+    GrammarMismatchError,
+    LoopSettings,
+    replay_generation,
+)
+from atlas.verl.local_server import HFServerManager  # noqa: E402
+from atlas.verl.reward import RecordsMissingError, compute_score  # noqa: E402
+from conftest import REPO  # noqa: E402
+
+RUN, STEP = "zero_potential", 3
+
+
+@register_potential("test_turn_ramp")
+class TurnRamp:
+    """Phi(s_k) = 0.25 (k + 1): non-zero shaping on every record, to see rewards land."""
+
+    def __init__(self, **_):
+        pass
+
+    def __call__(self, episode):
+        return [0.25 * (k + 1) for k in range(len(episode.records))]
+
+
+def _cfg(potential="zero"):
+    raw = load_config(REPO / "config" / "config.yaml").model_dump(mode="json")
+    raw["training"]["runs"][RUN]["potential"] = potential
+    return parse_config(raw)
+
+
+def _loop(tmp_path, tiny_model, data_dir, cfg):
+    rt = load_runtime(tiny_model, cfg.runtime)
+    settings = LoopSettings(
+        config=cfg.model_dump(mode="json"),
+        run=RUN,
+        vocab_size=rt.engine.vocab_size,
+        train=str(data_dir / "train.parquet"),
+        val=str(data_dir / "val.parquet"),
+        tests=str(data_dir / "tests.parquet"),
+        model=str(tiny_model),
+        records_dir=str(tmp_path / "records"),
+    )
+    path = tmp_path / f"settings_{cfg.training.runs[RUN].potential}.json"
+    path.write_text(settings.model_dump_json())
+    trainer = OmegaConf.create(
+        {"actor_rollout_ref": {"rollout": {"prompt_length": 8192, "response_length": 8192}}}
+    )
+    loop = AtlasToolAgentLoop(
+        trainer_config=DictConfigWrap(trainer),
+        server_manager=HFServerManager(rt),
+        tokenizer=rt.tokenizer,
+        processor=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(OmegaConf.create({})),
+        settings=str(path),
+    )
+    return loop, rt
+
+
+def _play(loop, uid, sample, phase="train"):
+    row = {"extra_info": {"question_uid": uid, "phase": phase}, "session_id": sample, "global_steps": STEP}
+    return asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1}, **row))
+
+
+@pytest.fixture(scope="module")
+def played(tmp_path_factory, tiny_model, data_dir):
+    """A GPQA and an LCB question, two samples each, through the agent loop and locally."""
+    tmp = tmp_path_factory.mktemp("verl_loop")
+    cfg = _cfg()
+    loop, rt = _loop(tmp, tiny_model, data_dir, cfg)
+    questions = read_questions(data_dir / "train.parquet")
+    tests = read_tests(data_dir / "tests.parquet")
+    chosen = [next(q for q in questions if q["source"] == source) for source in ("gpqa", "lcb")]
+    specs = [EpisodeSpec(q, tests.get(q["question_uid"], []), s) for q in chosen for s in range(2)]
+    outputs = [_play(loop, spec.question["question_uid"], spec.sample) for spec in specs]
+    local = run_episodes(
+        rt, specs, cfg.runtime, cfg.graders, run=RUN, step=STEP, phase="train", seed=cfg.seed
+    )
+    for ep in local:  # what the local trainer does next: shaping (zero here) fills the rewards
+        shape_episode(ep, make_potential("zero"), gamma=1.0, dose=1.0).write_to(ep.records)
+    return loop, specs, outputs, local, tmp
+
+
+def _without_timings(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith("timing_s")}
+
+
+def test_agent_loop_plays_the_local_engines_episode(played):
+    _, specs, outputs, local, _ = played
+    assert {spec.question["source"] for spec in specs} == {"gpqa", "lcb"}
+    for out, ep in zip(outputs, local, strict=True):
+        p = ep.prompt_tokens
+        assert out.prompt_ids == ep.token_ids[:p]
+        assert out.response_ids == ep.token_ids[p:]
+        # response_mask is the local loss mask of PPO: sampled tokens only (tool output and
+        # grammar-forced tokens are 0); the replayed flags equal the engine's own.
+        assert out.response_mask == ep.sampled[p:]
+        assert out.response_logprobs == pytest.approx(ep.logprobs[p:], abs=1e-5)
+        records = out.extra_fields["records"]
+        assert [_without_timings(r) for r in records] == [
+            _without_timings(dataclasses.asdict(r)) for r in ep.records
+        ]
+        assert len(records) >= 1 and records[-1]["tool"] == "submit"
+        assert all(r["run"] == RUN and r["step"] == STEP and r["phase"] == "train" for r in records)
+
+
+def test_tool_tokens_and_forced_tokens_are_masked(played):
+    _, _, outputs, local, _ = played
+    for out, ep in zip(outputs, local, strict=True):
+        p = ep.prompt_tokens
+        tool = [i for i, m in enumerate(ep.loss_mask[p:]) if m == 0]
+        assert all(out.response_mask[i] == 0 for i in tool)
+        forced = sum(r["forced_tokens"] for r in out.extra_fields["records"])
+        generated = sum(r["generated_tokens"] for r in out.extra_fields["records"])
+        assert sum(out.response_mask) == generated - forced
+        assert forced >= len(out.extra_fields["records"])  # at least the stop token after each call
+    assert any(0 in ep.loss_mask[ep.prompt_tokens :] for ep in local)  # some episode had a tool turn
+
+
+def test_rm_scores_sit_on_action_tokens(tmp_path, tiny_model, data_dir):
+    loop, _ = _loop(tmp_path, tiny_model, data_dir, _cfg("test_turn_ramp"))
+    uid = read_questions(data_dir / "train.parquet")[0]["question_uid"]
+    out = _play(loop, uid, 0)
+    d = out.as_dict()
+    rm, mask = d["rm_scores"], d["response_mask"]
+    records = out.extra_fields["records"]
+    p = len(out.prompt_ids)
+    positions = [r["action_token"] - p for r in records]
+    # Phi = 0.25 (k + 1) with dose 1, gamma 1: F_k = Phi_{k+1} - Phi_k = 0.25, and -Phi_{K-1} last.
+    k = len(records)
+    shaping = [0.25] * (k - 1) + [-0.25 * k]
+    expected = [r["score"] + f for r, f in zip(records, shaping, strict=True)]
+    assert [r["reward"] for r in records] == pytest.approx(expected)
+    assert rm.nonzero().flatten().tolist() == sorted(
+        i for i, e in zip(positions, expected, strict=True) if e != 0
+    )
+    assert rm[positions].tolist() == pytest.approx(expected)
+    assert all(mask[i] == 1 for i in positions)  # GAE keeps them
+    assert float(rm.sum()) == pytest.approx(out.reward_score)
+    assert "action_positions" not in d and "reward_score" not in d
+    # The episode was written for the converter, rewards filled, before verl's update.
+    written = json.loads(
+        next((tmp_path / "records" / "train" / f"global_step_{STEP}").glob("*__0.json")).read_text()
+    )
+    assert [r["reward"] for r in written["records"]] == pytest.approx(expected)
+    assert written["token_ids"] == out.prompt_ids + out.response_ids
+
+
+def test_a_reward_on_a_masked_token_is_refused():
+    out = AtlasAgentLoopOutput(
+        prompt_ids=[1, 2],
+        response_ids=[3, 4, 5],
+        response_mask=[1, 0, 1],
+        reward_score=1.0,
+        metrics={},
+        action_positions=[1],
+        action_rewards=[1.0],
+    )
+    with pytest.raises(RewardPlacementError, match="response position 1 has response_mask 0"):
+        out.as_dict()
+
+
+def test_replay_refuses_tokens_outside_the_grammar(played):
+    loop, specs, _, local, _ = played
+    setup, ep = loop.setup, local[0]
+    call = setup.rt.grammars.get(ep.generations[0].offered)
+    span = ep.generations[0]
+    tokens = ep.token_ids[span.start : span.end]
+    # The local engine's own generation replays to the same flags.
+    gen = replay_generation(tokens, ep.logprobs[span.start : span.end], call, setup)
+    assert gen.sampled == ep.sampled[span.start : span.end] and gen.finish_reason == "stop"
+    # A server that leaves out the (forced) stop token gets it back as a forced token.
+    again = replay_generation(tokens[:-1], ep.logprobs[span.start : span.end - 1], call, setup)
+    assert again.token_ids == tokens and again.sampled[-1] == 0
+    # A call-close token where the grammar wants text is a server that ignored the grammar.
+    with pytest.raises(GrammarMismatchError, match="not legal under the turn's grammar"):
+        replay_generation([setup.rt.call_close_id], None, call, setup)
+
+
+def test_the_legacy_trainer_is_refused(played):
+    loop = played[0]
+    with pytest.raises(ValueError, match="use_v1=True"):
+        asyncio.run(loop.run({}, extra_info={"question_uid": "x", "phase": "train"}))
+
+
+def test_reward_function_scores_from_records_only(played):
+    _, _, outputs, _, _ = played
+    out = outputs[0]
+    records = out.extra_fields["records"]
+    source = records[0]["source"]
+    score = compute_score(source, "ignored text", "ignored truth", {"records": records})
+    assert score["score"] == pytest.approx(sum(r["reward"] for r in records))
+    assert score["calls"] == len(records) and score["submitted"] is True
+    assert score["acc"] == records[-1]["score"]
+    # The same records under verl's tool_extra_fields key; no records at all is an error.
+    assert compute_score(source, "", "", {"tool_extra_fields": {"records": records}}) == score
+    with pytest.raises(RecordsMissingError, match="atlas_tool_agent"):
+        compute_score(source, "text", "truth", {"index": 0})
+    with pytest.raises(ValueError, match="but verl says"):
+        compute_score("other", "", "", {"records": records})
+
+
+def test_potential_token_rewards_dtype():
+    # rm_scores are float32, the dtype verl's GAE reads.
+    out = AtlasAgentLoopOutput(
+        prompt_ids=[1],
+        response_ids=[2, 3],
+        response_mask=[1, 1],
+        metrics={},
+        action_positions=[1],
+        action_rewards=[0.5],
+    )
+    assert out.as_dict()["rm_scores"].dtype == torch.float32
