@@ -258,8 +258,9 @@ def test_values_parse_back_through_hydra():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    for value in [True, None, 3, 1e-5, 0.28, "k3", "all-linear", "/a/b.parquet", "a b", "it's", "true", "1.0",
-                  ["q_proj", "v_proj"], [0.9, 0.999], {"eps": 1e-8}]:  # fmt: skip
+    scalars = [True, None, 3, 1e-5, 0.28, "k3", "all-linear", "/a/b.parquet", "true", "1.0"]
+    quoted = ["a b", "it's", "c:\\x y", "x\\", "x\\'y"]  # spaces, quotes, backslashes
+    for value in [*scalars, *quoted, ["q_proj", "v_proj"], [0.9, 0.999], {"eps": 1e-8}]:
         assert parser.parse_override(f"a.b={hydra_value(value)}").value() == value
 
 

@@ -97,7 +97,9 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, str):
         if _BARE.match(value) and value.lower() not in _HYDRA_WORDS:
             return value
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        # in a quoted value a backslash is literal unless it precedes a quote (or the closing one)
+        quoted = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+        return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, quoted) + "'"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
     if isinstance(value, dict):
@@ -147,7 +149,8 @@ def _mini_batch_prompts(cfg: AtlasConfig, n_gpus: int) -> int:
 
 def _warmup_steps(cfg: AtlasConfig) -> int:
     """verl steps its LR scheduler once per training step (after the step's last mini-batch),
-    ours once per optimizer step; a warm-up converts only in whole training steps."""
+    ours once per optimizer step; a warm-up converts only in whole training steps. (verl's ramp
+    is k / w from 0, ours (k + 1) / (w + 1); with the report's warmup_steps 0 both are flat.)"""
     ppo = cfg.training.ppo
     per_step = ppo.epochs * ppo.mini_batches
     if ppo.warmup_steps % per_step:
