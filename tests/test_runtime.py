@@ -156,7 +156,12 @@ def naive_grammar(rt, tools) -> CompiledCall:
     naive_info = xgr.TokenizerInfo.from_huggingface(
         rt.tokenizer, vocab_size=rt.engine.vocab_size, stop_token_ids=sorted(rt.stop_ids)
     )
-    return CompiledCall(tuple(tools), xgr.GrammarCompiler(naive_info).compile_structural_tag(tag), 10**9)
+    return CompiledCall(
+        tuple(tools),
+        xgr.GrammarCompiler(naive_info).compile_structural_tag(tag),
+        10**9,
+        tag.model_dump_json(),
+    )
 
 
 def test_naive_grammar_loops_whitespace_to_the_cap(rt):
