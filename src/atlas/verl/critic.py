@@ -61,27 +61,19 @@ _HEAD_KEY = re.compile(
     r"(?:^|\.)(?:" + "|".join(HEAD_NAMES) + r")\.(?:modules_to_save\.[^.]+\.)?(?:weight|bias)$"
 )
 
-# sha256 of inspect.getsource() of each verl 0.9.1 function this module replaces or wraps.
+# What this module replaces, wraps or relies on in verl 0.9.1, with the sha256 of its source.
+_OWNERS = {c.__name__: c for c in (FSDPEngine, FSDPCheckpointManager, BaseCheckpointManager)}
 _EXPECTED_SOURCES = {
     # replaced for the value model: builds the LoRA with TaskType.CAUSAL_LM
-    (FSDPEngine, "_build_lora_module"): "31ad1f73ed3cb76436401459b1a4fd3a31f83cff08c02c45214e1d119b37dedc",
+    "FSDPEngine._build_lora_module": "31ad1f73ed3cb76436401459b1a4fd3a31f83cff08c02c45214e1d119b37dedc",
     # wrapped: builds the FSDPCheckpointManager that CriticEngine re-classes
-    (FSDPEngine, "initialize"): "f4bc4bd98b1900005288dd702e73673fe79e124edd2bf95251c6e733c3515f6b",
+    "FSDPEngine.initialize": "f4bc4bd98b1900005288dd702e73673fe79e124edd2bf95251c6e733c3515f6b",
     # wrapped: filters a LoRA-only save by name, writes model_world_size_<W>_rank_<r>.pt
-    (
-        FSDPCheckpointManager,
-        "save_checkpoint",
-    ): "408622f180370088c26babd5479719cf237856b9feacb24dbfab1534a85b632b",
+    "FSDPCheckpointManager.save_checkpoint": "408622f180370088c26babd5479719cf237856b9feacb24dbfab1534a85b632b",
     # relied on: calls self.is_lora_only_state_dict, then loads with strict=False
-    (
-        FSDPCheckpointManager,
-        "load_checkpoint",
-    ): "6f75218097c563a09e9ec3cbbe4c998b49aad8de5b8bf764871f8e1b0d6546b3",
-    # overridden: all keys must contain "lora_" or ".adapter_"
-    (
-        BaseCheckpointManager,
-        "is_lora_only_state_dict",
-    ): "478f57b07bb2fbd68cff5e0f1efc40099833804036735336865691c46cb755af",
+    "FSDPCheckpointManager.load_checkpoint": "6f75218097c563a09e9ec3cbbe4c998b49aad8de5b8bf764871f8e1b0d6546b3",
+    # overridden: every key must contain "lora_" or ".adapter_"
+    "BaseCheckpointManager.is_lora_only_state_dict": "478f57b07bb2fbd68cff5e0f1efc40099833804036735336865691c46cb755af",
 }
 
 
@@ -301,17 +293,17 @@ def check_verl() -> None:
             f"installed ({os.path.dirname(verl.__file__)}). Re-check the critic LoRA build and the "
             "LoRA-only checkpoint filter in that version before changing VERL_VERSION."
         )
-    for (owner, name), expected in _EXPECTED_SOURCES.items():
-        fn = inspect.getattr_static(owner, name)
-        fn = getattr(fn, "__func__", fn)  # staticmethod
-        source = inspect.getsource(fn)
-        digest = hashlib.sha256(source.encode()).hexdigest()
+    for qualname, expected in _EXPECTED_SOURCES.items():
+        owner, name = qualname.split(".")
+        fn = inspect.getattr_static(_OWNERS[owner], name)
+        fn = getattr(fn, "__func__", fn)  # a staticmethod
+        digest = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
         if digest != expected:
             where = f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
             raise VerlCriticPatchError(
-                f"verl's {owner.__name__}.{name} ({where}) is not the source atlas.verl.critic was "
-                f"written against (sha256 {digest[:12]}, expected {expected[:12]}); read it and "
-                "re-check the override before updating the hash"
+                f"verl's {qualname} ({where}) is not the source atlas.verl.critic was written "
+                f"against (sha256 {digest[:12]}, expected {expected[:12]}); read it and re-check "
+                "the override before updating the hash"
             )
 
 
