@@ -134,6 +134,7 @@ def test_report25_composes_with_the_reports_settings(report25):
         "offline",
         paths.wandb_dir,
     )
+    assert env.VERL_USE_EXTERNAL_MODULES == "atlas.verl.critic"  # the critic LoRA + value head fix
     # FSDP2, bf16, LoRA 64 / 128 on actor and critic; params offloaded, optimizer state on the GPU
     assert (ar.actor.strategy, ar.ref.strategy, c.critic.strategy) == ("fsdp2", "fsdp2", "fsdp2")
     for model in (ar.model, c.critic.model):
@@ -179,6 +180,13 @@ def test_verl_dataclasses_read_the_composed_sections(report25):
     critic = omega_conf_to_dataclass(c.critic)
     assert critic.engine.strategy == "fsdp2" and critic.checkpoint.save_lora_only is True
     assert (critic.model.lora_rank, critic.model.lora_alpha) == (64, 128)
+
+
+def test_the_critic_module_is_the_one_atlas_verl_critic_installs(report25):
+    from atlas.verl.critic import external_lib_overrides
+
+    _, overrides, _ = report25
+    assert {o.lstrip("+") for o in external_lib_overrides()} <= {o.lstrip("+") for o in overrides}
 
 
 def test_tiny_default_on_one_gpu_composes_and_user_overrides_come_last(hf_model, tmp_path):

@@ -38,6 +38,9 @@ VERL_ENTRY = "verl.trainer.main_ppo"
 # since that module imports verl) and the reward function verl's reward loop calls.
 AGENT_LOOP = "atlas_tool_agent"
 REWARD_FN = "compute_score"
+# Modules every process of the verl job imports (verl reads VERL_USE_EXTERNAL_MODULES on `import
+# verl`): the critic LoRA with its value head (atlas.verl.critic) must reach the Ray workers.
+EXTERNAL_MODULES = ("atlas.verl.critic",)
 
 
 @dataclass(frozen=True)
@@ -329,13 +332,15 @@ def verl_overrides(cfg: AtlasConfig, run: str, paths: VerlPaths) -> list[str]:
         "critic.loss_agg_mode": ppo.loss_agg_mode,
         "critic.grad_clip": ppo.grad_clip,
         **{f"critic.optim.{k}": val for k, val in _optim(cfg, ppo.critic_lr).items()},
-        # verl's filter keeps only LoRA keys, not the critic's value head: atlas.verl's critic
-        # setup must name the head so it is kept (see issue 8, item 3)
+        # verl's filter keeps only LoRA keys; atlas.verl.critic's checkpoint manager adds the
+        # value head to the file (and refuses to resume from a critic file without it)
         "+critic.checkpoint.save_lora_only": True,
         # -- reward: scored from the records (0.9.1 moved the key under reward.)
         "reward.custom_reward_function.path": paths.reward_fn_path,
         "reward.custom_reward_function.name": REWARD_FN,
-        # -- Ray: where verl's file logger and wandb write (environment variables, not config)
+        # -- Ray's job environment: our modules in every verl process, and where verl's file
+        # logger and wandb write (environment variables, not config keys)
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": ",".join(EXTERNAL_MODULES),
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": paths.metrics_file,
     }
     if "wandb" in logger:
