@@ -158,15 +158,15 @@ def critic_lora_config(
 ) -> LoraConfig:
     """A token-classification LoRA: adapters on the targets, the value head trained in full."""
     head = value_head_name(module)
+    if _targets_head(target_modules, head):
+        exclude_modules = _exclude_head(exclude_modules, head)
     return LoraConfig(
         task_type=TaskType.TOKEN_CLS,
         r=rank,
         lora_alpha=alpha,
         target_modules=target_modules,
         target_parameters=target_parameters,
-        exclude_modules=_exclude_head(exclude_modules, head)
-        if _targets_head(target_modules, head)
-        else exclude_modules,
+        exclude_modules=exclude_modules,
         modules_to_save=[head],
         bias="none",
     )
