@@ -26,7 +26,7 @@ gradients, so the matmul work actually done is smaller; `executed_tflops` counts
 head matmuls, adapter matmuls, causal attention) for each variant. MFU = model TFLOP/s / 792, the
 bf16 8192^3 matmul rate measured on this H200 (../shared/research/gpu-anchors.md).
 
-`--profile` adds one profiled step of the first and last variant: device time by kernel class.
+`--profile` adds one profiled step per variant: device time by kernel class, the busiest kernels.
 Prints a table and writes JSON (perf_stack rows included) with the exact command.
 """
 
@@ -192,13 +192,15 @@ KERNEL_CLASSES = (  # device kernels by name, first match wins
 )
 
 
-def profile_step(step, path: Path | None) -> dict:
-    """One profiled step: device time by kernel class (ms), and the top kernels to `path`."""
+def profile_step(step, path: Path | None, title: str) -> dict:
+    """One profiled step: device time by kernel class (ms), and the top kernels appended to `path`."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
         step()
         sync()
+        wall = time.perf_counter() - t
     classes: dict[str, float] = {}
     for ev in prof.key_averages():
         us = getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0)
@@ -208,13 +210,15 @@ def profile_step(step, path: Path | None) -> dict:
         kind = next((k for k, keys in KERNEL_CLASSES if any(s in name for s in keys)), "other")
         classes[kind] = classes.get(kind, 0.0) + us / 1000
     if path is not None:
-        sort = "self_device_time_total"
-        try:
-            table = prof.key_averages().table(sort_by=sort, row_limit=40)
-        except (AttributeError, KeyError):
-            table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
-        path.write_text(table + "\n")
-    return {k: round(v, 2) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])}
+        events = prof.key_averages()
+        with open(path, "a") as f:
+            f.write(f"\n=== {title}: wall {1000 * wall:.1f} ms under the profiler ===\n")
+            f.write(events.table(sort_by="self_device_time_total", row_limit=30) + "\n")
+            f.write(events.table(sort_by="self_cpu_time_total", row_limit=15) + "\n")
+    out = {k: round(v, 2) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])}
+    out["device_total"] = round(sum(classes.values()), 2)
+    out["wall_under_profiler"] = round(1000 * wall, 2)
+    return out
 
 
 def main() -> None:
@@ -327,9 +331,9 @@ def main() -> None:
                 f"peak {row['peak_memory_gb'] or 0:6.1f} GiB  loss {losses[-1]:.4f}",
                 flush=True,
             )
-            if args.profile and cuda and name in (variants[0], variants[-1]):
+            if args.profile and cuda:
                 args.profile.mkdir(parents=True, exist_ok=True)
-                profiles[name] = profile_step(step, args.profile / f"kernels_{args.shape}_{name}.txt")
+                profiles[name] = profile_step(step, args.profile / f"kernels_{args.shape}.txt", name)
                 print(f"profile {name} (device ms by kernel class): {profiles[name]}", flush=True)
     results["profile_ms_by_kernel_class"] = profiles
 
@@ -374,15 +378,24 @@ def packed_vs_padded(steps: Steps) -> dict:
     from atlas.rl.replay import masked_logprobs
 
     ac, n = steps.ac, min(2, steps.ids.shape[0])
-    gaps = []
-    for r in range(n):
-        m = steps.masks[r]
-        with packed_attention_off(ac.peft):
+    gaps, floor = [], []
+    with packed_attention_off(ac.peft):
+        pair = ac.actor_logits(steps.ids[:n], steps.attn[:n])  # the same rows, two at a time
+        for r in range(n):
+            m = steps.masks[r]
             logits = ac.actor_logits(steps.ids[r : r + 1], steps.attn[r : r + 1])[0]
-        pos = m.positions.to(logits.device)
-        ref = masked_logprobs(logits[pos - 1], steps.ids[r, pos], m.bitmask, steps.temperature)
-        gaps.append((ref - steps.old_logprobs[r, pos]).abs().max().item())
-    return {"rows": n, "max_abs_logprob_diff": max(gaps), "dtype": str(next(ac.parameters()).dtype)}
+            pos = m.positions.to(logits.device)
+            ref = masked_logprobs(logits[pos - 1], steps.ids[r, pos], m.bitmask, steps.temperature)
+            two = masked_logprobs(pair[r, pos - 1], steps.ids[r, pos], m.bitmask, steps.temperature)
+            gaps.append((ref - steps.old_logprobs[r, pos]).abs().max().item())
+            floor.append((ref - two).abs().max().item())
+    return {
+        "rows": n,
+        "max_abs_logprob_diff": max(gaps),
+        # the padded path against itself, one row vs two rows a forward: the precision's noise floor
+        "padded_single_vs_pair_max_abs_diff": max(floor),
+        "dtype": str(next(ac.parameters()).dtype),
+    }
 
 
 @contextlib.contextmanager

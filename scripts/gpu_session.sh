@@ -8,8 +8,12 @@
 #       xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic-core==2.50.5 \
 #       annotated-types typing-inspection
 #     PYTHONPATH=src python scripts/bench_gpu_rollout.py --build-tokenizer --tokenizer .gpu/tokenizer
+#     and for `update` and `perf` also the liger-kernel wheel (pure Python; triton is on the device):
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl liger-kernel==0.8.5
 #   run:   bash scripts/gpu_session.sh smoke, then bash scripts/gpu_session.sh rollout (one device
-#          call each: together they can pass the 10-minute limit of one call)
+#          call each: together they can pass the 10-minute limit of one call); likewise `update`
+#          (the LoRA update benchmark, 8B and 1.7B) and `perf` (the report's perf tests, 1.7B)
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}
@@ -28,4 +32,17 @@ if [[ $what == rollout || $what == all ]]; then
   # resources/perf/h200_rollout_1.7b.json came from this line (after the GPU test)
   timeout 420 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --new 128 --repeats 2 --lora 0 \
     --out "$OUT/rollout_1.7b.json" 2>&1 | grep -v Warning | tee "$OUT/rollout_1.7b.log"
+fi
+if [[ $what == update ]]; then
+  # resources/perf/h200_update_8b.json and h200_update_1.7b.json came from these lines
+  timeout 300 python3 scripts/bench_gpu_update.py --shape 8b --profile "$OUT" --out "$OUT/update_8b.json" 2>&1 \
+    | grep -v Warning | tee "$OUT/update_8b.log"
+  timeout 200 python3 scripts/bench_gpu_update.py --shape 1.7b --rows 8 --profile "$OUT" --out "$OUT/update_1.7b.json" 2>&1 \
+    | grep -v Warning | tee "$OUT/update_1.7b.log"
+fi
+if [[ $what == perf ]]; then
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_packing.py 2>&1 | tee "$OUT/pytest_gpu_packing.txt"
+  # resources/perf/h200_perf_1.7b.json came from this line
+  timeout 480 python3 scripts/bench_gpu_perf.py --shape 1.7b --out "$OUT/perf_1.7b.json" 2>&1 \
+    | grep -v Warning | tee "$OUT/perf_1.7b.log"
 fi
