@@ -23,7 +23,7 @@ if not os.environ.get("ATLAS_REQUIRE_VERL"):
 from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
 
-from atlas.config import load_config, parse_config  # noqa: E402
+from atlas.config import config_slice, load_config, parse_config  # noqa: E402
 from atlas.rl.potentials import make_potential, register_potential  # noqa: E402
 from atlas.rl.rewards import RewardPlacementError, shape_episode  # noqa: E402
 from atlas.runtime.episode import EpisodeSpec, run_episodes  # noqa: E402
@@ -63,7 +63,7 @@ def _cfg(potential="zero"):
 def _loop(tmp_path, tiny_model, data_dir, cfg):
     rt = load_runtime(tiny_model, cfg.runtime)
     settings = LoopSettings(
-        config=cfg.model_dump(mode="json"),
+        config=config_slice(cfg, "training", RUN),
         run=RUN,
         vocab_size=rt.engine.vocab_size,
         train=str(data_dir / "train.parquet"),

@@ -153,7 +153,9 @@ def call_advantages(
             groups[(rec.turn, rec.tool)].append(rec)
     rows = []
     for (turn, tool), recs in sorted(groups.items()):
-        adv = _moments([r.advantage for r in recs])
+        # verl's trainer keeps values and advantages to itself (atlas.verl.convert): null there.
+        known = all(r.advantage is not None and r.value is not None for r in recs)
+        adv = _moments([r.advantage for r in recs]) if known else dict.fromkeys(("mean", "std", "min", "max"))
         rows.append(
             {
                 "run": run,
@@ -163,7 +165,7 @@ def call_advantages(
                 "tool": tool,
                 "count": len(recs),
                 **{f"advantage_{k}": v for k, v in adv.items()},
-                "value_mean": sum(r.value for r in recs) / len(recs),
+                "value_mean": sum(r.value for r in recs) / len(recs) if known else None,
                 "reward_mean": sum(r.reward for r in recs) / len(recs),
                 "score_mean": sum(r.score for r in recs) / len(recs),
                 "potential_delta_mean": sum(gamma * r.potential_after - r.potential_before for r in recs)

@@ -42,7 +42,15 @@ import xgrammar as xgr
 from pydantic import BaseModel
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from atlas.config import AtlasConfig, parse_config
+from atlas.config import (
+    AtlasConfig,
+    GraderConfig,
+    ResourcesConfig,
+    RunConfig,
+    RuntimeConfig,
+    ScheduleConfig,
+    TrainingConfig,
+)
 from atlas.hashing import atomic_path, canonical_json
 from atlas.rl.potentials import Potential, make_potential
 from atlas.rl.replay import unpack_bitmask
@@ -60,6 +68,7 @@ from atlas.runtime.episode import (
 )
 from atlas.runtime.grammar import CompiledCall
 from atlas.runtime.inputs import read_questions, read_tests
+from atlas.runtime.protocol import ProtocolReport, check_episodes
 from atlas.runtime.session import Runtime, tool_runtime
 from atlas.runtime.tools import CodeBounds
 
@@ -69,7 +78,7 @@ AGENT_NAME = "atlas_tool_agent"
 class LoopSettings(BaseModel):
     """What the agent loop needs beyond verl's own config: written by the launcher, one per run."""
 
-    config: dict[str, Any]  # the whole AtlasConfig (model_dump)
+    config: dict[str, Any]  # the run's training config slice (atlas.config.config_slice)
     run: str
     vocab_size: int  # the model's logits width (xgrammar bitmasks are this wide)
     train: str  # results/data/train.parquet
@@ -78,6 +87,28 @@ class LoopSettings(BaseModel):
     model: str
     snapshot: str | None = None  # run folder of a critic_snapshot potential
     records_dir: str
+
+
+def slice_config(s: dict[str, Any]) -> AtlasConfig:
+    """A training stage's config slice as an AtlasConfig holding only the keys the stage reads.
+
+    Snakemake validated the whole config; the slice holds one run (`training.run`), so the checks
+    across runs (a snapshot run must exist) are not repeated: the training keys are validated
+    without runs, then the one run is put back."""
+    run = s["training"]["run"]
+    keys = {k: v for k, v in s["training"].items() if k != "run"}
+    training = TrainingConfig.model_validate({**keys, "runs": {}, "dose_step": {"snapshot_of": None}})
+    runs = {
+        run["name"]: RunConfig.model_validate({k: v for k, v in run.items() if k != "name"})
+    }
+    return AtlasConfig.model_construct(
+        seed=s["seed"],
+        schedule=ScheduleConfig.model_validate(s["schedule"]),
+        runtime=RuntimeConfig.model_validate(s["runtime"]),
+        graders=GraderConfig.model_validate(s["graders"]),
+        training=training.model_copy(update={"runs": runs}),
+        resources=ResourcesConfig.model_validate(s["resources"]),
+    )
 
 
 class GrammarMismatchError(RuntimeError):
@@ -105,7 +136,7 @@ def loop_setup(settings_path: str, tokenizer) -> LoopSetup:
     with _SETUP_LOCK:
         if settings_path not in _SETUPS:
             s = LoopSettings.model_validate_json(Path(settings_path).read_text())
-            cfg = parse_config(s.config)
+            cfg = slice_config(s.config)
             rt = tool_runtime(tokenizer, s.vocab_size, cfg.runtime)
             questions = {q["question_uid"]: q for path in (s.train, s.val) for q in read_questions(path)}
             banned = torch.zeros(s.vocab_size, dtype=torch.bool)
@@ -243,14 +274,18 @@ def episode_output(
     )
 
 
-def write_episode(ep: Episode, setup: LoopSetup, phase: str, global_step: int) -> Path:
-    """The episode's records and trajectory, one JSON file, written before any update uses them."""
+def write_episode(
+    ep: Episode, setup: LoopSetup, phase: str, global_step: int, report: ProtocolReport
+) -> Path:
+    """The episode's records, trajectory and protocol counts, one JSON file, written before any
+    update uses them (atlas.verl.convert reads it back)."""
     uid = ep.question["question_uid"]
     folder = setup.records_dir / phase / f"global_step_{global_step}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{uid.replace(':', '_')}__{ep.sample}.json"
     body = {
         "question_uid": uid,
+        "source": ep.question["source"],
         "sample": ep.sample,
         "prompt_tokens": ep.prompt_tokens,
         "token_ids": ep.token_ids,
@@ -259,7 +294,9 @@ def write_episode(ep: Episode, setup: LoopSetup, phase: str, global_step: int) -
         "logprobs": ep.logprobs,
         "end_reason": ep.end_reason,
         "score": ep.score,
+        "turns": len(ep.generations),
         "records": [asdict(r) for r in ep.records],
+        "protocol": report.to_json(),
     }
     with atomic_path(path) as tmp:
         Path(tmp).write_text(canonical_json(body))
@@ -319,5 +356,15 @@ class AtlasToolAgentLoop(AgentLoopBase):
         if not ep.done:
             ep.end_reason = "turn_limit"
         output = episode_output(ep, setup, phase, metrics)
-        write_episode(ep, setup, phase, step)
+        # The protocol invariants, checked against the very reward vector verl will read.
+        rm = [0.0] * ep.prompt_tokens + output.as_dict()["rm_scores"].tolist()
+        report = check_episodes(
+            [ep],
+            rt.decode,
+            rt.call_open_id,
+            rt.call_close_id,
+            max_trajectory_tokens=cfg.max_trajectory_tokens,
+            rewards_of=lambda _: rm,
+        )
+        write_episode(ep, setup, phase, step, report)
         return output

@@ -1,0 +1,209 @@
+"""From a verl run's outputs to this project's journal, so `journal.assemble` builds the same run
+folder (records, trajectories, step metrics, call advantages, validation curve, protocol) as a
+local run, and the report's tables come out the same.
+
+    records_dir/<phase>/global_step_<g>/*.json   one file per episode, written by the agent loop
+    metrics files (verl's `file` logger)          {"step": g, "data": {...}} per line, one file per
+                                                  launch (a resumed launch starts a new file;
+                                                  the later line for a step wins)
+    verl checkpoints: <checkpoints>/global_step_<g>/
+
+    --> journal/step_<k>/   (k = g - 1: verl counts steps done, 1-based; our steps are 0-based)
+            records.parquet, trajectories.parquet, protocol.json, metrics.json,
+            call_advantages.parquet, samples.json
+        journal/val_<g>/    records, trajectories, protocol.json, validation.json
+
+Step metrics keep the names both sides share (verl's); the episode-level ones (protocol counts,
+scores by source, lengths in generated tokens, turns) are recomputed from the records exactly as
+the local trainer computes them, overriding verl's where the meaning differs (verl's
+response_length counts tool tokens too). verl's other metrics stay in its own files. verl keeps
+critic values and advantages inside its trainer, so the records' `value` and `advantage` and the
+call-advantage statistics are null for a verl run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atlas.hashing import atomic_write_json, sha256_file
+from atlas.report.tables import STEP_METRICS
+from atlas.rl import journal
+from atlas.rl.rollout import call_advantages, step_summary, validation_rows
+from atlas.runtime.protocol import ProtocolReport
+from atlas.runtime.records import ExecutionRecord
+from atlas.runtime.runfolder import write_rollouts
+
+
+class VerlOutputError(ValueError):
+    """verl's outputs are missing a step, an episode or a metric the run folder needs."""
+
+
+@dataclass
+class StoredEpisode:
+    """An episode read back from the agent loop's file: what the run folder's writers read."""
+
+    question: dict[str, str]
+    sample: int
+    prompt_tokens: int
+    token_ids: list[int]
+    loss_mask: list[int]
+    sampled: list[int]
+    logprobs: list[float]
+    end_reason: str
+    score: float
+    records: list[ExecutionRecord]
+    generations: list[None] = field(default_factory=list)  # only counted (one per turn)
+    protocol: dict[str, Any] = field(default_factory=dict)
+
+
+def read_episode(path: Path) -> StoredEpisode:
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+        return StoredEpisode(
+            question={"question_uid": body["question_uid"], "source": body["source"]},
+            sample=body["sample"],
+            prompt_tokens=body["prompt_tokens"],
+            token_ids=body["token_ids"],
+            loss_mask=body["loss_mask"],
+            sampled=body["sampled"],
+            logprobs=body["logprobs"],
+            end_reason=body["end_reason"],
+            score=body["score"],
+            records=[ExecutionRecord(**r) for r in body["records"]],
+            generations=[None] * body["turns"],
+            protocol=body["protocol"],
+        )
+    except (KeyError, TypeError, json.JSONDecodeError) as err:
+        raise VerlOutputError(f"{path}: not an atlas agent-loop episode file ({err!r})") from None
+
+
+def read_episodes(folder: Path) -> list[StoredEpisode]:
+    """The episodes of one step or validation point, in (question, sample) order."""
+    paths = sorted(folder.glob("*.json"))
+    if not paths:
+        raise VerlOutputError(f"{folder}: no episode files (did the agent loop run for this step?)")
+    episodes = [read_episode(p) for p in paths]
+    return sorted(episodes, key=lambda ep: (ep.question["question_uid"], ep.sample))
+
+
+def protocol_of(episodes: list[StoredEpisode]) -> ProtocolReport:
+    total = ProtocolReport()
+    for ep in episodes:
+        for key in ("episodes", "completed", "generations", "records", "calls", "violations"):
+            setattr(total, key, getattr(total, key) + ep.protocol[key])
+        total.violation_rows.extend(ep.protocol["violation_rows"])
+    return total
+
+
+def read_metrics(files: list[Path]) -> dict[int, dict[str, Any]]:
+    """verl's per-step metrics by global step; files in launch order, the later line wins."""
+    out: dict[int, dict[str, Any]] = {}
+    for path in files:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                out.setdefault(int(row["step"]), {}).update(row["data"])
+            except (KeyError, TypeError, ValueError) as err:
+                raise VerlOutputError(f"{path}:{n}: not a verl file-logger line ({err!r})") from None
+    return out
+
+
+def step_metrics(verl: dict[str, Any], episodes: list[StoredEpisode], report: ProtocolReport) -> dict:
+    """The declared step metrics: verl's where the names agree, ours from the records otherwise."""
+    metrics = {k: float(v) for k, v in verl.items() if k in STEP_METRICS and v is not None}
+    metrics.update(step_summary(episodes, report))
+    metrics["timing_s/gen_tools"] = sum(r.timing_s_tool for ep in episodes for r in ep.records)
+    return metrics
+
+
+def write_journal(
+    root: Path,
+    *,
+    run: str,
+    steps: int,
+    validated: list[int],
+    records_dir: Path,
+    metrics_files: list[Path],
+    gamma: float,
+    dose: float,
+) -> None:
+    """Fill root/journal/ from verl's outputs for steps 0..steps-1 and the validation points."""
+    verl_metrics = read_metrics(metrics_files)
+    for k in range(steps):
+        g = k + 1
+        if g not in verl_metrics:
+            raise VerlOutputError(f"no metrics for global step {g} in {[str(p) for p in metrics_files]}")
+        episodes = read_episodes(records_dir / "train" / f"global_step_{g}")
+        for ep in episodes:  # the agent loop stamps verl's global step; ours is 0-based
+            for r in ep.records:
+                r.step = k
+        report = protocol_of(episodes)
+        folder = journal.step_dir(root, k)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_rollouts(folder, episodes, report, run=run, step=k, phase="train")
+        journal.write_step_results(
+            root,
+            k,
+            step_metrics(verl_metrics[g], episodes, report),
+            call_advantages(episodes, run=run, step=k, gamma=gamma, dose=dose),
+            [],
+        )
+    for done in validated:
+        episodes = read_episodes(records_dir / "val" / f"global_step_{done}")
+        report = protocol_of(episodes)
+        folder = journal.val_dir(root, done)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_rollouts(folder, episodes, report, run=run, step=done, phase="val")
+        atomic_write_json(folder / "validation.json", validation_rows(episodes, run=run, step=done))
+
+
+def verl_checkpoints(folder: Path) -> list[dict[str, Any]]:
+    """verl's checkpoint folders (global_step_<g>) with every file's sha256 and size."""
+    out = []
+    for step in sorted(folder.glob("global_step_*"), key=lambda p: int(p.name.split("_")[-1])):
+        files = {
+            f.relative_to(step).as_posix(): {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+            for f in sorted(step.rglob("*"))
+            if f.is_file()
+        }
+        out.append({"global_step": int(step.name.split("_")[-1]), "path": step.as_posix(), "files": files})
+    return out
+
+
+def assemble_run(
+    args, root: Path, s: dict, *, name: str, steps: int, validated: list[int], module: str, code
+) -> None:
+    """The run folder from the journal (journal.assemble). verl's LoRA-only checkpoints are sharded
+    per rank in verl's own format; the folder indexes them (adapters/verl_checkpoints.json) rather
+    than converting them into PEFT adapters."""
+    from atlas.rl.train import inputs_of
+
+    index = verl_checkpoints(root / "verl" / "checkpoints")
+    run_cfg = s["training"]["run"]
+    journal.assemble(
+        args.out,
+        root,
+        run=name,
+        steps=steps,
+        validated=validated,
+        checkpoints=[],
+        run_info={
+            "run": name,
+            "steps": steps,
+            "engine": "verl",
+            "potential": run_cfg["potential"],
+            "dose": run_cfg["dose"],
+            "verl_checkpoints": [c["path"] for c in index],
+            "checkpoints": (root / "verl" / "checkpoints").as_posix(),
+        },
+        export=lambda folder: (
+            folder.mkdir(parents=True),
+            atomic_write_json(folder / "verl_checkpoints.json", index),
+        ),
+        manifest={"stage": name, "inputs": inputs_of(args), "code": code(module), "config": s},
+    )

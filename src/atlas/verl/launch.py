@@ -1,0 +1,171 @@
+"""Training stage on verl (`training.engine: verl`): one run through verl's V1 synchronous PPO.
+
+The `train` rule runs this module instead of atlas.rl.train when the engine is verl; the inputs,
+the output folder and the checkpoints folder are the same, so the DAG is the same. In order:
+
+    results/checkpoints/<run>/            (not a declared output; a rerun finds it)
+        verl/data/{train,val}.parquet     the run's ordered schedule and validation questions in
+                                          verl's dataset format (file order = schedule order)
+        verl/settings.json, agent_loop.yaml   what the agent loop reads (atlas.verl.agent_loop)
+        verl/overrides.txt                the exact Hydra overrides (composed and checked first)
+        verl/launch_<n>.log, metrics_<n>.jsonl   verl's output and per-step metrics, per launch
+        verl/checkpoints/global_step_<g>/  verl's checkpoints (resume_mode=auto resumes from them)
+        episodes/<phase>/global_step_<g>/  one file per episode, from the agent loop
+    -> python -m verl.trainer.main_ppo <overrides>   (a Ray cluster: training.verl.ray_address)
+    -> atlas.verl.convert: the journal, then the same run folder a local run gets
+
+    python -m atlas.verl.launch --config-slice '<json>' --train results/data/train.parquet \\
+        --val results/data/val.parquet --tests results/data/tests.parquet \\
+        --model results/models/tiny --checkpoints results/checkpoints/zero_potential \\
+        --out results/runs/zero_potential [--dry-run]
+
+`--dry-run` writes everything up to the overrides (and checks them against verl's config) and
+prints the command instead of running it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import polars as pl
+import yaml
+
+from atlas.config import AtlasConfig
+from atlas.hashing import atomic_path, atomic_write_json, sha256_file
+from atlas.rl import journal
+from atlas.rl.train import inputs_of, parser, validation_points
+from atlas.runtime.episode import SYSTEM_PROMPT, question_prompt
+from atlas.runtime.inputs import read_questions, smoke_slice
+from atlas.stage import code_files, log, run
+from atlas.verl import convert
+from atlas.verl.agent_loop import AGENT_NAME, LoopSettings, slice_config
+from atlas.verl.config import VerlPaths, compose, launch_command, verl_overrides, write_overrides
+
+MODULE = "atlas.verl.launch"
+REWARD_FN = Path(__file__).with_name("reward.py")
+
+
+def dataset_rows(questions: list[dict], phase: str) -> list[dict]:
+    """verl's dataset rows: `prompt` (chat messages, for verl's length filter and logs), the agent
+    loop's name, and in extra_info what the agent loop looks the question up by."""
+    return [
+        {
+            "data_source": q["source"],
+            "prompt": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": question_prompt(q)},
+            ],
+            "agent_name": AGENT_NAME,
+            "ability": q["source"],
+            "reward_model": {"style": "rule", "ground_truth": ""},  # scored from records only
+            "extra_info": {"index": i, "question_uid": q["question_uid"], "phase": phase},
+        }
+        for i, q in enumerate(questions)
+    ]
+
+
+def write_parquet(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        pl.DataFrame(rows).write_parquet(tmp)
+
+
+def model_vocab_size(model_dir: Path) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_dir).vocab_size)
+
+
+def prepare(args, cfg: AtlasConfig, name: str, steps: int, root: Path) -> tuple[list[str], Path, Path]:
+    """Write the datasets, the agent loop's settings and the overrides; return the overrides, the
+    metrics file of this launch and the episodes folder."""
+    verl_dir, episodes = root / "verl", root / "episodes"
+    train = [q for q in read_questions(args.train) if q["step"] < steps]
+    train.sort(key=lambda q: (q["step"], q["position"]))
+    val_rows = read_questions(args.val)
+    val = smoke_slice(val_rows, cfg.training.validation_questions or len(val_rows))
+    write_parquet(verl_dir / "data" / "train.parquet", dataset_rows(train, "train"))
+    write_parquet(verl_dir / "data" / "val.parquet", dataset_rows(val, "val"))
+    settings = LoopSettings(
+        config=args.config_slice,
+        run=name,
+        vocab_size=model_vocab_size(args.model),
+        train=str(args.train.resolve()),
+        val=str(args.val.resolve()),
+        tests=str(args.tests.resolve()),
+        model=str(args.model.resolve()),
+        snapshot=str(args.snapshot.resolve()) if args.snapshot else None,
+        records_dir=str(episodes.resolve()),
+    )
+    settings_path = verl_dir / "settings.json"
+    atomic_write_json(settings_path, settings.model_dump(mode="json"))
+    loop_yaml = verl_dir / "agent_loop.yaml"
+    with atomic_path(loop_yaml) as tmp:
+        entry = {"name": AGENT_NAME, "_target_": "atlas.verl.agent_loop.AtlasToolAgentLoop"}
+        Path(tmp).write_text(yaml.safe_dump([{**entry, "settings": str(settings_path.resolve())}]))
+    launch = len(list(verl_dir.glob("metrics_*.jsonl")))  # verl truncates its file: one per launch
+    metrics = verl_dir / f"metrics_{launch}.jsonl"
+    paths = VerlPaths(
+        model=str(args.model.resolve()),
+        train_files=str((verl_dir / "data" / "train.parquet").resolve()),
+        val_files=str((verl_dir / "data" / "val.parquet").resolve()),
+        agent_loop_config=str(loop_yaml.resolve()),
+        reward_fn_path=str(REWARD_FN),
+        checkpoints=str((verl_dir / "checkpoints").resolve()),
+        metrics_file=str(metrics.resolve()),
+        wandb_dir=str(root.resolve()),
+        hydra_dir=str((verl_dir / "hydra").resolve()),
+        rollout_data_dir=str((verl_dir / "rollouts").resolve()),
+    )
+    overrides = verl_overrides(cfg, name, paths)
+    compose(overrides)  # verl's own loader and startup checks, before any GPU is asked for
+    write_overrides(verl_dir / "overrides.txt", overrides)
+    return overrides, metrics, episodes
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--dry-run", action="store_true", help="prepare and check, print the command, stop")
+    args = p.parse_args(argv)
+    s = args.config_slice
+    cfg = slice_config(s)
+    name, steps = s["training"]["run"]["name"], s["training"]["run"]["steps"]
+    root = args.checkpoints
+    fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in inputs_of(args)}}
+    journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
+    overrides, metrics, episodes = prepare(args, cfg, name, steps, root)
+    command = launch_command(overrides)
+    if args.dry_run:
+        print(shlex.join(command))
+        return
+    env = dict(os.environ)
+    if cfg.training.verl.ray_address:
+        env["RAY_ADDRESS"] = cfg.training.verl.ray_address
+    log_path = metrics.with_name(metrics.name.replace("metrics_", "launch_").replace(".jsonl", ".log"))
+    log(name, "launching verl", log=log_path, overrides=len(overrides))
+    with open(log_path, "w") as out:
+        done = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-40:])
+        raise SystemExit(f"verl exited with status {done.returncode}; last lines of {log_path}:\n{tail}")
+    points = validation_points(steps, cfg.training.validation_every)
+    convert.write_journal(
+        root,
+        run=name,
+        steps=steps,
+        validated=points,
+        records_dir=episodes,
+        metrics_files=sorted(metrics.parent.glob("metrics_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])),
+        gamma=cfg.training.ppo.gamma,
+        dose=cfg.training.runs[name].dose,
+    )
+    convert.assemble_run(
+        args, root, s, name=name, steps=steps, validated=points, module=MODULE, code=code_files
+    )
+
+
+if __name__ == "__main__":
+    run(main)
