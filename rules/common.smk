@@ -24,6 +24,13 @@ MODEL_DIR = (
 )
 
 
+# The module a training job runs: the local trainer, or the verl launcher (same inputs, same
+# output folder, so both engines plan the same DAG).
+TRAIN_MODULE = {"local": "atlas.rl.train", "verl": "atlas.verl.launch"}[
+    ATLAS.training.engine
+]
+
+
 # The training runs of the config (the training smoke and the arms), one job each.
 TRAINING_RUNS = sorted(ATLAS.training.runs)
 

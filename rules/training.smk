@@ -11,7 +11,7 @@ rule train:
         tests=rules.prepare_data.output.tests,
         model=MODEL_DIR,
         snapshot=lambda wc: snapshot_folder(ATLAS.training.runs[wc.run].snapshot_of),
-        code=code("atlas.rl.train"),
+        code=code(TRAIN_MODULE),
     output:
         directory("results/runs/{run}"),
     log:
@@ -27,7 +27,7 @@ rule train:
         slice=lambda wc: canonical_json(config_slice(ATLAS, "training", wc.run)),
         snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
     shell:
-        "OMP_NUM_THREADS={threads} python -m atlas.rl.train --config-slice {params.slice:q} --train {input.train}"
+        "OMP_NUM_THREADS={threads} python -m {TRAIN_MODULE} --config-slice {params.slice:q} --train {input.train}"
         " --val {input.val} --tests {input.tests} --model {input.model} {params.snapshot}"
         " --checkpoints results/checkpoints/{wildcards.run} --out {output} > {log} 2>&1"
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from atlas.hashing import verify
-from conftest import REPO, copy_workflow, jobs_to_run, plan, run_snakemake
+from conftest import REPO, copy_workflow, jobs_to_run, plan, plan_rows, run_snakemake
 
 TARGETS = ["results/data/val.parquet", "results/models/tiny"]
 
@@ -29,6 +29,21 @@ def test_report25_config_plans_against_user_data(tmp_path):
     out = proc.stdout + proc.stderr
     assert "MissingInputException" in out
     assert "models/qwen-27b" in out or "data/gpqa/gpqa_train.csv" in out
+
+
+def test_verl_engine_plans_the_same_dag_as_local(tmp_path):
+    # engine: verl swaps the module a training job runs (atlas.verl.launch), nothing else: the
+    # same jobs, the same outputs, the same plan from an empty results/.
+    wf = copy_workflow(tmp_path)
+    (wf / "verl.yaml").write_text(yaml.safe_dump({"training": {"engine": "verl"}}))
+    local = plan_rows(wf, ["results/report25/"])
+    verl = plan_rows(wf, ["results/report25/"], ["verl.yaml"])
+    key = lambda rows: sorted((r["rule"], r["output_file"], r["plan"]) for r in rows)  # noqa: E731
+    assert key(verl) == key(local)
+    assert {r["rule"] for r in local} >= {"train", "checks", "validation", "report"}
+    proc = run_snakemake(wf, "-n", "-p", "results/runs/zero_potential", "--configfile", "verl.yaml")
+    assert "python -m atlas.verl.launch --config-slice" in proc.stdout
+    assert "python -m atlas.rl.train" not in proc.stdout
 
 
 @pytest.mark.slow
