@@ -243,3 +243,81 @@ def test_potential_token_rewards_dtype():
         action_rewards=[0.5],
     )
     assert out.as_dict()["rm_scores"].dtype == torch.float32
+
+
+def test_converter_builds_the_run_folder_from_verl_shaped_outputs(played, tiny_model, data_dir, tmp_path):
+    import argparse
+    import shutil
+
+    import polars as pl
+
+    from atlas.verl import convert
+
+    _, _, outputs, _, tmp = played
+    episodes = tmp / "records" / "train" / f"global_step_{STEP}"
+    records_dir = tmp_path / "episodes"
+    for where in ("train/global_step_1", "val/global_step_0", "val/global_step_1"):
+        shutil.copytree(episodes, records_dir / where)
+        for path in (records_dir / where).glob("*.json"):  # as the loop writes validation episodes
+            body = json.loads(path.read_text())
+            for r in body["records"]:
+                r["phase"] = "val" if where.startswith("val") else "train"
+            path.write_text(json.dumps(body))
+    # Two launches: the resumed one's line for step 1 wins. verl-only metrics stay out.
+    first, second = tmp_path / "metrics_0.jsonl", tmp_path / "metrics_1.jsonl"
+    line = {"actor/pg_loss": 0.5, "critic/vf_loss": 0.25, "response_length/mean": 999.0, "verl/only": 1}
+    first.write_text(json.dumps({"step": 1, "data": line}) + "\n")
+    second.write_text(json.dumps({"step": 1, "data": {"actor/pg_loss": -0.125, "timing_s/gen": 3.0}}) + "\n")
+    root = tmp_path / "checkpoints"
+    shard = root / "verl" / "checkpoints" / "global_step_1" / "critic" / "model_world_size_1_rank_0.pt"
+    shard.parent.mkdir(parents=True)
+    torch.save({"base_model.model.score.weight": torch.ones(1, 4)}, shard)
+
+    convert.write_journal(
+        root,
+        run=RUN,
+        steps=1,
+        validated=[0, 1],
+        records_dir=records_dir,
+        metrics_files=[first, second],
+        gamma=1.0,
+        dose=1.0,
+    )
+    args = argparse.Namespace(
+        train=data_dir / "train.parquet",
+        val=data_dir / "val.parquet",
+        tests=data_dir / "tests.parquet",
+        model=tiny_model,
+        snapshot=None,
+        out=tmp_path / "run",
+    )
+    s = config_slice(_cfg(), "training", RUN)
+    convert.assemble_run(
+        args, root, s, name=RUN, steps=1, validated=[0, 1], module="atlas.verl.launch", code=lambda m: []
+    )
+
+    out = tmp_path / "run"
+    n_records = sum(len(o.extra_fields["records"]) for o in outputs)
+    records = pl.read_parquet(out / "records.parquet")
+    assert records.height == 3 * n_records
+    assert sorted(records.filter(pl.col("phase") == "train")["step"].unique()) == [0]  # verl's step 1
+    assert sorted(records.filter(pl.col("phase") == "val")["step"].unique()) == [0, 1]
+    assert records["value"].null_count() == records.height  # verl keeps values to itself
+    metrics = pl.read_parquet(out / "step_metrics.parquet").row(0, named=True)
+    assert metrics["actor/pg_loss"] == -0.125 and metrics["critic/vf_loss"] == 0.25
+    assert metrics["timing_s/gen"] == 3.0 and "verl/only" not in metrics
+    generated = [sum(o.response_mask) for o in outputs]  # ours counts generated tokens, not tool output
+    assert metrics["response_length/mean"] != 999.0 and metrics["response_length/mean"] >= sum(
+        generated
+    ) / len(generated)
+    assert metrics["protocol/records"] == n_records and metrics["protocol/violations"] == 0
+    calls = pl.read_parquet(out / "call_advantages.parquet")
+    assert calls["count"].sum() == n_records and calls["advantage_mean"].null_count() == calls.height
+    curve = pl.read_parquet(out / "validation.parquet")
+    assert sorted(curve.filter(pl.col("source") == "all")["step"].to_list()) == [0, 1]
+    index = json.loads((out / "adapters" / "verl_checkpoints.json").read_text())
+    assert [c["global_step"] for c in index] == [1]
+    assert list(index[0]["files"]) == ["critic/model_world_size_1_rank_0.pt"]
+    assert json.loads((out / "run.json").read_text())["engine"] == "verl"
+    protocol = json.loads((out / "protocol.json").read_text())
+    assert protocol["violations"] == 0 and protocol["records"] == 3 * n_records

@@ -155,6 +155,11 @@ def write_journal(
         )
     for done in validated:
         episodes = read_episodes(records_dir / "val" / f"global_step_{done}")
+        for ep in episodes:
+            for r in ep.records:
+                if r.phase != "val":
+                    raise VerlOutputError(f"{records_dir}/val/global_step_{done}: a {r.phase!r} record")
+                r.step = done
         report = protocol_of(episodes)
         folder = journal.val_dir(root, done)
         folder.mkdir(parents=True, exist_ok=True)
