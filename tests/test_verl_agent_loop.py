@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -321,3 +322,46 @@ def test_converter_builds_the_run_folder_from_verl_shaped_outputs(played, tiny_m
     assert json.loads((out / "run.json").read_text())["engine"] == "verl"
     protocol = json.loads((out / "protocol.json").read_text())
     assert protocol["violations"] == 0 and protocol["records"] == 3 * n_records
+
+
+def test_launcher_dry_run_prepares_a_run_verl_accepts(tiny_model, data_dir, tmp_path, capsys):
+    # Everything up to verl's own process: datasets in schedule order, the agent loop's YAML and
+    # settings, and overrides composed and checked by verl's loader (one GPU asked for).
+    import yaml
+
+    from atlas.verl import launch
+
+    raw = load_config(REPO / "config" / "config.yaml").model_dump(mode="json")
+    raw["training"]["engine"] = "verl"
+    raw["resources"] = {"device": "cuda", "gpus": 1}
+    s = config_slice(parse_config(raw), "training", RUN)
+    root = tmp_path / "checkpoints"
+    argv = ["--config-slice", json.dumps(s), "--train", str(data_dir / "train.parquet")]
+    argv += ["--val", str(data_dir / "val.parquet"), "--tests", str(data_dir / "tests.parquet")]
+    argv += [
+        "--model",
+        str(tiny_model),
+        "--checkpoints",
+        str(root),
+        "--out",
+        str(tmp_path / "run"),
+        "--dry-run",
+    ]
+    launch.main(argv)
+
+    import polars as pl
+
+    train = pl.read_parquet(root / "verl" / "data" / "train.parquet")
+    ours = pl.read_parquet(data_dir / "train.parquet").sort("step", "position")
+    assert [e["question_uid"] for e in train["extra_info"].to_list()] == ours["question_uid"].to_list()
+    assert set(train["agent_name"]) == {"atlas_tool_agent"}
+    loop = yaml.safe_load((root / "verl" / "agent_loop.yaml").read_text())
+    assert loop[0]["_target_"] == "atlas.verl.agent_loop.AtlasToolAgentLoop"
+    settings = LoopSettings.model_validate_json(Path(loop[0]["settings"]).read_text())
+    assert settings.run == RUN and settings.vocab_size == 2048
+    overrides = (root / "verl" / "overrides.txt").read_text().splitlines()
+    assert (
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={root.resolve() / 'verl' / 'agent_loop.yaml'}"
+        in overrides
+    )
+    assert "python" in capsys.readouterr().out and not (tmp_path / "run").exists()
