@@ -270,9 +270,22 @@ def test_converter_builds_the_run_folder_from_verl_shaped_outputs(played, tiny_m
     first.write_text(json.dumps({"step": 1, "data": line}) + "\n")
     second.write_text(json.dumps({"step": 1, "data": {"actor/pg_loss": -0.125, "timing_s/gen": 3.0}}) + "\n")
     root = tmp_path / "checkpoints"
-    shard = root / "verl" / "checkpoints" / "global_step_1" / "critic" / "model_world_size_1_rank_0.pt"
-    shard.parent.mkdir(parents=True)
-    torch.save({"base_model.model.score.weight": torch.ones(1, 4)}, shard)
+    # A verl-shaped LoRA-only checkpoint (one rank, plain tensors): a policy's trainable tensors
+    # under verl's names (peft adapter "default"; the critic's head as `score`).
+    from atlas.model.policy import ActorCritic
+    from atlas.runtime.session import load_model
+
+    trained = ActorCritic(load_model(tiny_model)[0], _cfg().training, seed=11)
+    for role in ("actor", "critic"):
+        state = {}
+        for n, t in trained.trainable(role).items():
+            verl_name = n.replace(f".{role}.", ".default.")
+            if n.startswith("value_head."):
+                verl_name = "base_model.model.score.modules_to_save.default." + n.split(".")[-1]
+            state[verl_name] = t.detach() + 0.01  # LoRA B starts at 0: make every tensor count
+        shard = root / "verl" / "checkpoints" / "global_step_1" / role / "model_world_size_1_rank_0.pt"
+        shard.parent.mkdir(parents=True)
+        torch.save(state, shard)
 
     convert.write_journal(
         root,
@@ -318,7 +331,21 @@ def test_converter_builds_the_run_folder_from_verl_shaped_outputs(played, tiny_m
     assert sorted(curve.filter(pl.col("source") == "all")["step"].to_list()) == [0, 1]
     index = json.loads((out / "adapters" / "verl_checkpoints.json").read_text())
     assert [c["global_step"] for c in index] == [1]
-    assert list(index[0]["files"]) == ["critic/model_world_size_1_rank_0.pt"]
+    assert sorted(index[0]["files"]) == [
+        "actor/model_world_size_1_rank_0.pt",
+        "critic/model_world_size_1_rank_0.pt",
+    ]
+    # The checkpoint became a policy checkpoint (checkpoints.json) and the run's adapters.
+    from safetensors.torch import load_file
+
+    (entry,) = json.loads((out / "checkpoints.json").read_text())["checkpoints"]
+    assert entry["step"] == 1 and set(entry["files"]) >= {"actor.safetensors", "critic.safetensors"}
+    actor = load_file(str(Path(entry["path"]) / "actor.safetensors"))
+    expected = {n: t.detach() + 0.01 for n, t in trained.trainable("actor").items()}
+    assert set(actor) == set(expected) and all(torch.equal(actor[n], expected[n]) for n in expected)
+    head = load_file(str(out / "adapters" / "critic" / "value_head.safetensors"))
+    assert torch.equal(head["value_head.weight"], trained.value_head.weight.detach() + 0.01)
+    assert (out / "adapters" / "actor" / "adapter_config.json").is_file()
     assert json.loads((out / "run.json").read_text())["engine"] == "verl"
     protocol = json.loads((out / "protocol.json").read_text())
     assert protocol["violations"] == 0 and protocol["records"] == 3 * n_records

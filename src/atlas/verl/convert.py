@@ -24,11 +24,14 @@ call-advantage statistics are null for a verl run.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atlas.hashing import atomic_write_json, sha256_file
+import torch
+
+from atlas.hashing import MANIFEST, atomic_write_json, sha256_file
 from atlas.report.tables import STEP_METRICS
 from atlas.rl import journal
 from atlas.rl.rollout import call_advantages, step_summary, validation_rows
@@ -180,23 +183,74 @@ def verl_checkpoints(folder: Path) -> list[dict[str, Any]]:
     return out
 
 
+def policy_checkpoints(root: Path, index: list[dict[str, Any]]) -> list[int]:
+    """Each verl checkpoint as root/step_<g>/{actor,critic}.safetensors (our trainable names), the
+    files the validation stage reads; a complete one (MANIFEST.json) is kept. Returns the steps."""
+    from atlas.verl.export import write_policy_checkpoint
+
+    steps = []
+    for c in index:
+        g, out = c["global_step"], root / f"step_{c['global_step']}"
+        if not (out / MANIFEST).is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            write_policy_checkpoint(
+                Path(c["path"]), out, {"stage": "verl_checkpoint", "config": {"global_step": g}}
+            )
+        steps.append(g)
+    return steps
+
+
+def export_policy(folder: Path, model_dir: Path, s: dict, last: Path | None) -> None:
+    """adapters/{actor,critic} (PEFT) + the value head from the last checkpoint, as a local run
+    exports them, and the index of verl's own checkpoint files."""
+    from safetensors.torch import load_file
+
+    from atlas.config import TrainingConfig
+    from atlas.model.policy import ActorCritic
+    from atlas.rl.checkpoint import export_adapters
+    from atlas.runtime.session import load_model
+
+    if last is None:
+        raise VerlOutputError(f"no verl checkpoint under {folder}: nothing to export as the run's policy")
+    keys = {k: v for k, v in s["training"].items() if k != "run"}
+    training = TrainingConfig.model_validate({**keys, "runs": {}, "dose_step": {"snapshot_of": None}})
+    base, _ = load_model(model_dir)
+    ac = ActorCritic(base, training, seed=s["seed"])
+    for role in ("actor", "critic"):
+        tensors = load_file(str(last / f"{role}.safetensors"))
+        params = ac.trainable(role)
+        if set(tensors) != set(params):
+            raise VerlOutputError(
+                f"{last}/{role}.safetensors: its tensors are not the {role}'s trainable ones"
+            )
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(tensors[name])
+    export_adapters(ac, folder)
+
+
 def assemble_run(
     args, root: Path, s: dict, *, name: str, steps: int, validated: list[int], module: str, code
 ) -> None:
-    """The run folder from the journal (journal.assemble). verl's LoRA-only checkpoints are sharded
-    per rank in verl's own format; the folder indexes them (adapters/verl_checkpoints.json) rather
-    than converting them into PEFT adapters."""
+    """The run folder from the journal (journal.assemble), with verl's checkpoints converted to
+    policy checkpoints (checkpoints.json) and the last one exported as adapters/."""
     from atlas.rl.train import inputs_of
 
     index = verl_checkpoints(root / "verl" / "checkpoints")
+    saved = policy_checkpoints(root, index)
     run_cfg = s["training"]["run"]
+
+    def export(folder: Path) -> None:
+        export_policy(folder, args.model, s, root / f"step_{saved[-1]}" if saved else None)
+        atomic_write_json(folder / "verl_checkpoints.json", index)
+
     journal.assemble(
         args.out,
         root,
         run=name,
         steps=steps,
         validated=validated,
-        checkpoints=[],
+        checkpoints=saved,
         run_info={
             "run": name,
             "steps": steps,
@@ -204,11 +258,8 @@ def assemble_run(
             "potential": run_cfg["potential"],
             "dose": run_cfg["dose"],
             "verl_checkpoints": [c["path"] for c in index],
-            "checkpoints": (root / "verl" / "checkpoints").as_posix(),
+            "checkpoints": root.as_posix(),
         },
-        export=lambda folder: (
-            folder.mkdir(parents=True),
-            atomic_write_json(folder / "verl_checkpoints.json", index),
-        ),
+        export=export,
         manifest={"stage": name, "inputs": inputs_of(args), "code": code(module), "config": s},
     )
