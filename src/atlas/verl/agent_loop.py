@@ -98,9 +98,7 @@ def slice_config(s: dict[str, Any]) -> AtlasConfig:
     run = s["training"]["run"]
     keys = {k: v for k, v in s["training"].items() if k != "run"}
     training = TrainingConfig.model_validate({**keys, "runs": {}, "dose_step": {"snapshot_of": None}})
-    runs = {
-        run["name"]: RunConfig.model_validate({k: v for k, v in run.items() if k != "name"})
-    }
+    runs = {run["name"]: RunConfig.model_validate({k: v for k, v in run.items() if k != "name"})}
     return AtlasConfig.model_construct(
         seed=s["seed"],
         schedule=ScheduleConfig.model_validate(s["schedule"]),
@@ -125,6 +123,9 @@ class LoopSetup:
     potential: Potential
     records_dir: Path
     banned: torch.Tensor  # [vocab] bool: control tokens the grammar never admits
+    # verl runs many episodes at once in one worker; at most graders.workers tool programs run at a
+    # time in this process, as the local loop's pool allows.
+    tool_slots: threading.BoundedSemaphore
 
 
 _SETUPS: dict[str, LoopSetup] = {}
@@ -150,6 +151,7 @@ def loop_setup(settings_path: str, tokenizer) -> LoopSetup:
                 potential=build_potential(cfg, s),
                 records_dir=Path(s.records_dir),
                 banned=banned,
+                tool_slots=threading.BoundedSemaphore(cfg.graders.workers),
             )
         return _SETUPS[settings_path]
 
@@ -311,9 +313,13 @@ class AtlasToolAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.setup = loop_setup(os.fspath(settings), self.tokenizer)
 
+    def _run_tool(self, ep: Episode, offered, parsed):
+        with self.setup.tool_slots:
+            return run_tool(ep, offered, parsed, self.setup.cfg.graders, self.setup.cfg.runtime)
+
     async def run(self, sampling_params: dict[str, Any], **row) -> AtlasAgentLoopOutput:
         setup, rt = self.setup, self.setup.rt
-        cfg, graders = setup.cfg.runtime, setup.cfg.graders
+        cfg = setup.cfg.runtime
         info = row["extra_info"]
         uid, phase = info["question_uid"], info["phase"]
         if "session_id" not in row:
@@ -346,7 +352,7 @@ class AtlasToolAgentLoop(AgentLoopBase):
             gen_s = time.perf_counter() - t0
             gen = replay_generation(list(out.token_ids), out.log_probs, call, setup)
             parsed = take_generation(ep, rt, gen, offered)
-            result, tool_s = await asyncio.to_thread(run_tool, ep, offered, parsed, graders, cfg)
+            result, tool_s = await asyncio.to_thread(self._run_tool, ep, offered, parsed)
             record_turn(ep, rt, gen, parsed[0], result, cfg, run=setup.run, step=step, phase=phase, turn=turn)
             ep.records[-1].timing_s_generate, ep.records[-1].timing_s_tool = gen_s, tool_s
             metrics.generate_sequences += gen_s
