@@ -285,11 +285,28 @@ def test_perf_stack_rows(pipeline):
         "committed resources/perf/h200_rollout_1.7b.json",
         "committed resources/perf/h200_checkpoint_1.7b.json",
         "committed resources/perf/h200_checkpoint_8b.json",
+        "committed resources/perf/h200_update_8b.json",
+        "committed resources/perf/h200_update_1.7b.json",
+        "committed resources/perf/h200_perf_1.7b.json",
     }
     assert set(committed["device"]) == {"NVIDIA H200"} and set(committed["test"]) == {
         "rollout",
         "checkpoint_save",
+        "update",
+        "full_batch",
+        "split_stress",
+        "data_check",
     }
+    full = {r["phase"] for r in committed.filter(pl.col("test") == "full_batch").iter_rows(named=True)}
+    assert {
+        "gen",
+        "old_log_prob",
+        "ref",
+        "values",
+        "update_critic",
+        "update_actor",
+        "save_checkpoint",
+    } <= full
     rollout = {r["phase"]: r for r in committed.filter(pl.col("test") == "rollout").iter_rows(named=True)}
     assert set(rollout) == {"hf_generate", "hf_generate_static", "static_free", "static_grammar"}
     saved = committed.filter(pl.col("test") == "checkpoint_save")
