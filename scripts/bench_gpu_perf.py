@@ -50,7 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu_checkpoint import folder_bytes  # noqa: E402
 from bench_gpu_rollout import SHAPES, VOCAB, build_model, chat_requests, rt_cfg  # noqa: E402
-from bench_gpu_update import synthetic_masks  # noqa: E402
+from bench_gpu_update import base_parameters, synthetic_masks  # noqa: E402
 
 from atlas.config import PPOConfig, TrainingConfig  # noqa: E402
 from atlas.hashing import atomic_write_json  # noqa: E402
@@ -429,7 +429,7 @@ def main() -> None:
         "shape": args.shape,
         "vocab": VOCAB,
         "lora_rank": args.lora,
-        "base_parameters": sum(q.numel() for q in base.parameters()),
+        "base_parameters": base_parameters(base),
         "micro_tokens": args.micro_tokens,
         "update_path": "packed rows + varlen FlashAttention-2, chunked head under grammar masks, "
         "fused bf16 LoRA, "

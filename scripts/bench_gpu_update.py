@@ -84,7 +84,9 @@ def build_policy(shape: str, lora: int, device: str, dtype):
 
 
 def base_parameters(base) -> int:
-    return sum(p.numel() for p in base.parameters())  # tied weights are one tensor, counted once
+    """The base model's parameters, without the LoRA tensors peft put inside its layers (tied
+    weights are one tensor, counted once)."""
+    return sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n)
 
 
 def executed_flops(config, rows: list[int], lora: int, head_recompute: bool) -> float:
