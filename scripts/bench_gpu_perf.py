@@ -201,6 +201,9 @@ class Policy:
         v = packed.unpack(self.ac.value_head(hidden[0].float()).squeeze(-1))
         return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)
 
+    def sync_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Before clipping: nothing on one process (bench_gpu_dp averages over ranks here)."""
+
     @torch.no_grad()
     def score(self, batch: Batch, what: str) -> torch.Tensor:
         self.ac.eval()
@@ -254,6 +257,7 @@ class Policy:
                     loss = out["actor/pg_loss"] + ppo.kl_coef * kl
                 (loss * weight).backward()
         params = list(self.ac.trainable(role).values())
+        self.sync_grads(params)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, ppo.grad_clip).item()
         if step:
             opt.step()

@@ -33,6 +33,21 @@ if [[ $what == rollout || $what == all ]]; then
   timeout 420 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --new 128 --repeats 2 --lora 0 \
     --out "$OUT/rollout_1.7b.json" 2>&1 | grep -v Warning | tee "$OUT/rollout_1.7b.log"
 fi
+if [[ $what == dp ]]; then
+  # nvidia-h200-x2 (carry also results/models/tiny, results/runs/training_smoke,
+  # results/checkpoints/training_smoke and .gpu/training_smoke_slice.json, the run's training slice):
+  # the NCCL distributed roundtrip, then the data-parallel step on 2 and on 1 GPU.
+  # resources/perf/h200x2_dp_1.7b.json came from these lines and
+  #   python scripts/dp_scaling.py OUT/dp_1.json OUT/dp_2.json --roundtrip OUT/roundtrip --out resources/perf/h200x2_dp_1.7b.json
+  export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4 PYTHONPATH=$PYTHONPATH:$PWD/scripts
+  timeout 100 torchrun --standalone --nproc-per-node 2 -m atlas.checks.distributed --model results/models/tiny \
+    --run-folder results/runs/training_smoke --training "$(cat .gpu/training_smoke_slice.json)" --seed 0 \
+    --out "$OUT/roundtrip" 2>&1 | grep -v -i warn | tail -8 | tee "$OUT/roundtrip.log"
+  for n in 2 1; do
+    timeout 140 torchrun --standalone --nproc-per-node $n scripts/bench_gpu_dp.py --shape 1.7b --rows 16 \
+      --row-tokens 2048 --steps 2 --out "$OUT/dp_$n.json" 2>&1 | grep -v -i warn | tail -16 | tee "$OUT/dp_$n.log"
+  done
+fi
 if [[ $what == update ]]; then
   # resources/perf/h200_update_8b.json and h200_update_1.7b.json came from these lines
   timeout 300 python3 scripts/bench_gpu_update.py --shape 8b --profile "$OUT" --out "$OUT/update_8b.json" 2>&1 \

@@ -288,15 +288,24 @@ def test_perf_stack_rows(pipeline):
         "committed resources/perf/h200_update_8b.json",
         "committed resources/perf/h200_update_1.7b.json",
         "committed resources/perf/h200_perf_1.7b.json",
+        "committed resources/perf/h200x2_dp_1.7b.json",
     }
-    assert set(committed["device"]) == {"NVIDIA H200"} and set(committed["test"]) == {
+    assert set(committed["device"]) == {"NVIDIA H200", "1 x NVIDIA H200", "2 x NVIDIA H200"}
+    assert set(committed["test"]) == {
         "rollout",
         "checkpoint_save",
         "update",
         "full_batch",
         "split_stress",
         "data_check",
+        "dp_step",
     }
+    dp = committed.filter(pl.col("test") == "dp_step")
+    assert set(dp["run"]) == {"1gpu", "2gpu"} and dp.height == 12
+    assert (
+        dp.filter(pl.col("run") == "2gpu")["tokens"].sum()
+        == dp.filter(pl.col("run") == "1gpu")["tokens"].sum()
+    )
     full = {r["phase"] for r in committed.filter(pl.col("test") == "full_batch").iter_rows(named=True)}
     assert {
         "gen",

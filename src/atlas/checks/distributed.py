@@ -128,22 +128,26 @@ def main(argv: list[str] | None = None) -> None:
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        # float32 matmuls in full precision on both sides of the comparison (no TF32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     training = TrainingConfig.model_validate({k: v for k, v in args.training.items() if k != "run"})
     tensors, step, path = checkpoint_tensors(args.run_folder)
-    ids, sampled, score = fixed_batch(args.run_folder / "trajectories.parquet", rows=2 * world)
+    batch = fixed_batch(args.run_folder / "trajectories.parquet", rows=2 * world)
+    ids, sampled, score = (t.to(device) for t in batch)
     total = float(sampled[:, 1:].sum())
     lr = {"actor": training.ppo.actor_lr, "critic": training.ppo.critic_lr}
 
     # The reference: one process, the whole batch, no sharding.
-    ref = build(args.model, training, args.seed)
+    ref = build(args.model, training, args.seed).to(device)
     load_full(ref, tensors)
     # The centred score, plus a fixed +-1 per row so the actor term never vanishes (equal scores).
-    adv = score - score.mean() + torch.tensor([(-1.0) ** i for i in range(len(score))])
+    adv = score - score.mean() + torch.tensor([(-1.0) ** i for i in range(len(score))], device=device)
     ref_grads = step_grads(ref, ids, sampled, score, adv, total, 1.0)
 
-    ac = build(args.model, training, args.seed)
+    ac = build(args.model, training, args.seed).to(device)
     for layer in ac.peft.base_model.model.model.layers:
         fully_shard(layer)
     fully_shard(ac.peft)
