@@ -31,6 +31,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu_perf import Phases, Policy, ppo_step, synthetic_batch, warm_up  # noqa: E402
 from bench_gpu_rollout import SHAPES, VOCAB, build_model  # noqa: E402
+from bench_gpu_update import apply_liger  # noqa: E402
 
 from atlas.config import PPOConfig, TrainingConfig  # noqa: E402
 from atlas.hashing import atomic_write_json  # noqa: E402
@@ -98,16 +99,7 @@ def main() -> None:
         stack.enter_context(packed_attention(ac.peft))
         stack.enter_context(fused_lora(ac.peft))
         if cuda:
-            from liger_kernel.transformers import apply_liger_kernel_to_qwen3
-
-            apply_liger_kernel_to_qwen3(
-                rope=True,
-                rms_norm=True,
-                swiglu=True,
-                cross_entropy=False,
-                fused_linear_cross_entropy=False,
-                model=base,
-            )
+            apply_liger(base)
         warm_up(policy, optimizers, device)
         for k in range(1, args.steps + 1):
             dist.barrier()

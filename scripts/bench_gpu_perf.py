@@ -50,7 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu_checkpoint import folder_bytes  # noqa: E402
 from bench_gpu_rollout import SHAPES, VOCAB, build_model, chat_requests, rt_cfg  # noqa: E402
-from bench_gpu_update import base_parameters, synthetic_masks  # noqa: E402
+from bench_gpu_update import apply_liger, base_parameters, synthetic_masks  # noqa: E402
 
 from atlas.config import PPOConfig, TrainingConfig  # noqa: E402
 from atlas.hashing import atomic_write_json  # noqa: E402
@@ -485,16 +485,7 @@ def main() -> None:
         stack.enter_context(packed_attention(ac.peft))
         stack.enter_context(fused_lora(ac.peft))
         if not args.no_liger and cuda:
-            from liger_kernel.transformers import apply_liger_kernel_to_qwen3
-
-            apply_liger_kernel_to_qwen3(
-                rope=True,
-                rms_norm=True,
-                swiglu=True,
-                cross_entropy=False,
-                fused_linear_cross_entropy=False,
-                model=base,
-            )
+            apply_liger(base)
         with phases("setup", "update_warmup", None):
             warm_up(policy, optimizers, args.device)
         if "full_batch" in tests:

@@ -83,6 +83,20 @@ def build_policy(shape: str, lora: int, device: str, dtype):
     return ac, base
 
 
+def apply_liger(base) -> None:
+    """Liger's Triton RMSNorm, RoPE and SwiGLU in the Qwen3 base (the output head stays ours)."""
+    from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+
+    apply_liger_kernel_to_qwen3(
+        rope=True,
+        rms_norm=True,
+        swiglu=True,
+        cross_entropy=False,
+        fused_linear_cross_entropy=False,
+        model=base,
+    )
+
+
 def base_parameters(base) -> int:
     """The base model's parameters, without the LoRA tensors peft put inside its layers (tied
     weights are one tensor, counted once)."""
@@ -291,16 +305,7 @@ def main() -> None:
                     results["packed_vs_padded"] = packed_vs_padded(steps)
                 print("packed vs padded log-probs:", json.dumps(results["packed_vs_padded"]), flush=True)
             if name == "liger":
-                from liger_kernel.transformers import apply_liger_kernel_to_qwen3
-
-                apply_liger_kernel_to_qwen3(
-                    rope=True,
-                    rms_norm=True,
-                    swiglu=True,
-                    cross_entropy=False,
-                    fused_linear_cross_entropy=False,
-                    model=base,
-                )
+                apply_liger(base)
             if name == "fused_lora":
                 stack.enter_context(fused_lora(ac.peft))
             step = steps.hf_step if name in ("peft", "bf16") else steps.packed_step

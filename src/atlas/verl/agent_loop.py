@@ -69,6 +69,7 @@ from atlas.runtime.episode import (
 from atlas.runtime.grammar import CompiledCall
 from atlas.runtime.inputs import read_questions, read_tests
 from atlas.runtime.protocol import ProtocolReport, check_episodes
+from atlas.runtime.runfolder import trajectory_row
 from atlas.runtime.session import Runtime, tool_runtime
 from atlas.runtime.tools import CodeBounds
 
@@ -286,17 +287,7 @@ def write_episode(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{uid.replace(':', '_')}__{ep.sample}.json"
     body = {
-        "question_uid": uid,
-        "source": ep.question["source"],
-        "sample": ep.sample,
-        "prompt_tokens": ep.prompt_tokens,
-        "token_ids": ep.token_ids,
-        "loss_mask": ep.loss_mask,
-        "sampled": ep.sampled,
-        "logprobs": ep.logprobs,
-        "end_reason": ep.end_reason,
-        "score": ep.score,
-        "turns": len(ep.generations),
+        **trajectory_row(ep, run=setup.run, step=global_step, phase=phase),
         "records": [asdict(r) for r in ep.records],
         "protocol": report.to_json(),
     }
