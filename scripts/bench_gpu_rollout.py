@@ -17,7 +17,8 @@ steps at one batch, and reports ms per decode step and generated tokens/s:
 
 and `agreement`: StaticEngine against HFEngine on the same seeds in float32 (small batch), rows
 whose tokens, sampled/forced flags and finish reason are identical, and the largest log-prob gap.
-Prints a table and writes JSON.
+With `--profile DIR`, one more grammar run under torch.profiler: the CUDA kernels by total time go
+to DIR/rollout_kernels_<shape>.txt and the top ones into the JSON. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -207,6 +208,37 @@ def agreement(tokenizer, shape: str, batch: int, device: str) -> dict:
     }
 
 
+def profile_run(engine, requests, table: Path, top: int = 12) -> dict:
+    """One (warm) generate call under torch.profiler: kernels by total CUDA time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    sync()
+    t = time.perf_counter()
+    with profile(activities=acts) as prof:
+        gens = engine.generate(requests)
+        sync()
+    wall = time.perf_counter() - t
+    events = [e for e in prof.key_averages() if getattr(e, "device_time_total", 0) > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    device_total = sum(e.device_time_total for e in events if e.device_type.name == "CUDA")
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text(prof.key_averages().table(sort_by="device_time_total", row_limit=40) + "\n")
+    kernels = [e for e in events if e.device_type.name == "CUDA"][:top]
+    print(f"profile: {wall:.2f} s wall, {device_total / 1e6:.2f} s of kernels -> {table}")
+    for e in kernels:
+        print(f"  {e.device_time_total / 1e3:9.1f} ms {e.count:7d}x  {e.key[:90]}")
+    return {
+        "wall_s": wall,
+        "kernel_s": device_total / 1e6,
+        "tokens": sum(len(g.token_ids) for g in gens),
+        "steps": max(len(g.token_ids) for g in gens),
+        "top_kernels": [
+            {"kernel": e.key, "ms": e.device_time_total / 1e3, "calls": e.count} for e in kernels
+        ],
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokenizer", type=Path, default=Path(".gpu/tokenizer"))
@@ -220,6 +252,7 @@ def main() -> None:
         "--variants", default="hf_generate,hf_generate_static,static_free,static_grammar,agreement"
     )
     p.add_argument("--device", default="cuda", help="cpu only to try the script out")
+    p.add_argument("--profile", type=Path, help="folder for the kernel table of one grammar run")
     p.add_argument("--out", type=Path, required=False)
     args = p.parse_args()
     if args.build_tokenizer:
@@ -299,6 +332,9 @@ def main() -> None:
         elif name == "agreement":
             results["agreement"] = agreement(tokenizer, "2layer", 32, args.device)
             print("agreement:", json.dumps(results["agreement"]), flush=True)
+    if args.profile:
+        engine.constrained = True
+        results["profile"] = profile_run(engine, requests, args.profile / f"rollout_kernels_{args.shape}.txt")
     by = {r["variant"]: r for r in results["rows"]}
     if "static_free" in by and "static_grammar" in by:
         results["grammar_overhead_per_step"] = (

@@ -10,7 +10,7 @@ import torch
 
 from atlas.config import RuntimeConfig
 from atlas.runtime.engine import GenerationRequest
-from atlas.runtime.fast_engine import StaticEngine, bucket, cache_length
+from atlas.runtime.fast_engine import StaticEngine, bucket, cache_length, packed_gqa_attention
 from atlas.runtime.sampling import M32, gumbel, keys_for, row_key, sample, top_p_keep, uniform
 from atlas.runtime.session import load_runtime
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
@@ -103,3 +103,64 @@ def test_static_engine_matches_the_hf_engine_token_for_token(runtime):
         assert x.token_ids == y.token_ids and len(y.token_ids) <= 5
     width = max(len(r.prompt_ids) for r in short)
     assert list(fast._caches)[-1] == (8, cache_length(width + 5, 64))  # (rows, positions), most recent last
+
+
+def test_packed_gqa_decode_attention_equals_sdpa_over_repeated_heads():
+    """One query token per row against 3 KV heads shared by 4 query heads each, with a padding
+    mask: the packed form equals SDPA over the repeated KV heads."""
+    torch.manual_seed(0)
+    b, kv, groups, length, dim = 5, 3, 4, 37, 16
+    module = torch.nn.Module()
+    module.num_key_value_groups = groups
+    query = torch.randn(b, kv * groups, 1, dim)
+    key, value = torch.randn(b, kv, length, dim), torch.randn(b, kv, length, dim)
+    mask = torch.rand(b, 1, 1, length) > 0.3
+    mask[..., 0] = True
+    out, _ = packed_gqa_attention(module, query, key, value, mask, scaling=0.25)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key.repeat_interleave(groups, dim=1),
+        value.repeat_interleave(groups, dim=1),
+        attn_mask=mask,
+        scale=0.25,
+    )
+    assert out.shape == (b, 1, kv * groups, dim)
+    assert torch.allclose(out, ref.transpose(1, 2), atol=1e-6)
+    # A prompt (several query tokens) takes plain SDPA, the same numbers as the repeated heads.
+    q2 = torch.randn(b, kv * groups, 3, dim)
+    causal = torch.ones(3, length, dtype=torch.bool).tril(length - 3)[None, None].expand(b, 1, 3, length)
+    out2, _ = packed_gqa_attention(module, q2, key, value, causal, scaling=0.25)
+    ref2 = torch.nn.functional.scaled_dot_product_attention(
+        q2,
+        key.repeat_interleave(groups, dim=1),
+        value.repeat_interleave(groups, dim=1),
+        attn_mask=causal,
+        scale=0.25,
+    )
+    assert torch.allclose(out2, ref2.transpose(1, 2), atol=1e-6)
+
+
+def test_the_batch_shrinks_as_rows_finish_and_tokens_stay_the_same(runtime):
+    """With min_batch 1, 5 requests start in 8 rows and move to 4, 2 and 1 rows as they finish
+    (their KV rows gathered); every row still equals the HF engine's, and the prompt's
+    attention implementation is given back afterwards."""
+    hf = runtime.engine
+    fast = StaticEngine(
+        hf.model,
+        hf.vocab_size,
+        hf.stop_token_ids,
+        hf.pad_token_id,
+        banned_token_ids=runtime.grammars.banned_token_ids,
+        compile=False,
+        min_batch=1,
+    )
+    requests = requests_for(runtime, 5)
+    a, b = hf.generate(requests), fast.generate(requests)
+    lengths = sorted(len(y.token_ids) for y in b)
+    assert lengths[0] < lengths[1] < lengths[-1]  # rows finish at different steps
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids and x.sampled == y.sampled
+        assert x.finish_reason == y.finish_reason == "stop"
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    assert {rows for rows, _ in fast._caches} == {8, 4, 2, 1}
+    assert hf.model.config._attn_implementation == "sdpa"

@@ -11,7 +11,13 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
   the CPU while the GPU runs the next forward, then copied (pinned, non-blocking) and applied on
   the GPU; sampling, log-probs and the forced test run on the GPU for the whole batch, and only
   three small vectors come back each step;
-- finished rows stay in the batch (fixed shapes) and feed their last token; nothing reads them.
+- one query token attends per key/value head (`packed_gqa_attention`): the query heads that share
+  a KV head are laid along the query axis, so the cache is read once per step. transformers'
+  SDPA path copies every KV head `n_rep` times (`repeat_kv`) in a compiled decode step, which on
+  a batch of 256 moves more bytes than the weights and the cache together;
+- when at most half the rows are still live, the batch moves to the smaller bucket (its KV rows
+  gathered into that bucket's cache): a step costs what the live rows need, not the batch that
+  started. Finished rows in a bucket feed their last token; nothing reads them.
 
 On CPU (compile=False) it runs the same code eagerly; the tests compare it there with HFEngine.
 """
@@ -23,13 +29,45 @@ import time
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 import xgrammar as xgr
-from transformers import StaticCache
+from transformers import AttentionInterface, AttentionMaskInterface, StaticCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 from atlas.runtime.engine import Generation, GenerationRequest
 from atlas.runtime.sampling import draw, seed_key, step_keys
 
-KEEP_CACHES = 2
+KEEP_CACHES = 8  # a bucket and the smaller ones it shrinks into: at most twice its own memory
+PACKED_GQA = "atlas_packed_gqa"
+
+
+def packed_gqa_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
+):
+    """SDPA for a decode step without copying the KV heads: the `n_rep` query heads of one KV
+    head become that head's query rows ([b, heads, 1, d] -> [b, kv_heads, n_rep, d]); a mask
+    shared by the heads ([b, 1, 1, L]) broadcasts over them. Anything else is plain SDPA."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    shared_mask = attention_mask is None or attention_mask.shape[1] == attention_mask.shape[2] == 1
+    if query.shape[2] != 1 or groups == 1 or not shared_mask:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    b, heads, _, dim = query.shape
+    out = F.scaled_dot_product_attention(
+        query.reshape(b, heads // groups, groups, dim),
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+    )
+    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(PACKED_GQA, packed_gqa_attention)
+AttentionMaskInterface.register(PACKED_GQA, sdpa_mask)
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -62,6 +100,7 @@ class StaticEngine:
         compile: bool | None = None,
         min_batch: int = 8,
         length_multiple: int = 64,
+        shrink: bool = True,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -77,7 +116,7 @@ class StaticEngine:
         vocab = torch.arange(vocab_size, device=self.device)
         self._word, self._bit = vocab // 32, (vocab % 32).to(torch.int32)  # where token t's bit lives
         self.batch_matcher = xgr.BatchGrammarMatcher()
-        self.min_batch, self.length_multiple = min_batch, length_multiple
+        self.min_batch, self.length_multiple, self.shrink = min_batch, length_multiple, shrink
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.config = inner.config
         self._cache_arg = (
@@ -86,8 +125,10 @@ class StaticEngine:
         self._caches: dict[tuple[int, int], StaticCache] = {}
         cuda = self.device.type == "cuda"
         self.compiled = cuda if compile is None else compile
+        if self.compiled:  # a graph per (rows, positions) bucket: more than dynamo's default 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self._step = (
-            torch.compile(self._decode, mode="reduce-overhead", fullgraph=False)
+            torch.compile(self._decode, mode="reduce-overhead", fullgraph=False, dynamic=False)
             if self.compiled
             else self._decode
         )
@@ -130,10 +171,38 @@ class StaticEngine:
             logits = torch.where((allowed_bits == 1) & self._unbanned, logits, float("-inf"))
         return draw(logits, keys, self.top_p)
 
+    def _shrink(self, cache: StaticCache, index: torch.Tensor, length: int) -> StaticCache:
+        """The rows `index` of `cache`, in that order, in the cache of the bucket of len(index)
+        rows (kept between calls, so a compiled step sees the same tensors each time)."""
+        small = self._cache(len(index), length)
+        for old, new in zip(cache.layers, small.layers, strict=True):
+            if not new.is_initialized:
+                init = new.lazy_initialization
+                if len(inspect.signature(init).parameters) == 2:
+                    init(old.keys[: len(index)], old.values[: len(index)])
+                else:
+                    init(old.keys[: len(index)])
+            new.keys.copy_(old.keys.index_select(0, index))
+            new.values.copy_(old.values.index_select(0, index))
+            if isinstance(getattr(old, "cumulative_length", None), torch.Tensor):
+                new.cumulative_length.copy_(old.cumulative_length)
+            elif hasattr(old, "cumulative_length"):
+                new.cumulative_length = old.cumulative_length
+        return small
+
     @torch.no_grad()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         if not requests:
             return []
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        before = inner.config._attn_implementation
+        inner.config._attn_implementation = PACKED_GQA
+        try:
+            return self._generate(requests)
+        finally:
+            inner.config._attn_implementation = before
+
+    def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         n = len(requests)
         rows = bucket(n, self.min_batch)
         width = max(len(r.prompt_ids) for r in requests)
@@ -144,10 +213,12 @@ class StaticEngine:
         outs = [Generation() for _ in requests]
         matchers = [xgr.GrammarMatcher(r.grammar.grammar) for r in requests]
         active = list(range(n))
+        row_of = list(range(n))  # request -> its row in the batch (rows move when the batch shrinks)
         pin = dev.type == "cuda"
-        bitmask = xgr.allocate_token_bitmask(rows, self.vocab_size)
-        bitmask = bitmask.pin_memory() if pin else bitmask
-        bitmask_dev = torch.full_like(bitmask, -1, device=dev)
+        bitmask_host = xgr.allocate_token_bitmask(rows, self.vocab_size)
+        bitmask_host = bitmask_host.pin_memory() if pin else bitmask_host
+        bitmask_dev_full = torch.full_like(bitmask_host, -1, device=dev)
+        bitmask, bitmask_dev = bitmask_host, bitmask_dev_full
 
         # Left-padded prompts in a cache of `length` positions; padding rows hold one pad token.
         ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
@@ -163,18 +234,36 @@ class StaticEngine:
         seed_keys = torch.tensor(
             [seed_key(r.seed) for r in requests] + [0] * (rows - n), dtype=torch.int64, device=dev
         )
-        host = {
+        host_full = {
             k: torch.empty(rows, dtype=d, pin_memory=pin)
             for k, d in (("tok", torch.long), ("lp", torch.float32), ("sampled", torch.bool))
         }
+        host = host_full
         copied = torch.cuda.Event() if pin else None
 
         step = 0
         while active:
+            smaller = bucket(len(active), self.min_batch)
+            if self.shrink and smaller < rows:
+                # Live rows first, then finished ones to fill the bucket (their tokens are unread).
+                live = [row_of[i] for i in active]
+                taken = set(live)
+                order = live + [r for r in range(rows) if r not in taken][: smaller - len(live)]
+                index = torch.tensor(order, device=dev)
+                cache = self._shrink(cache, index, length)
+                attn, last_pos, seed_keys, logits = (
+                    t.index_select(0, index) for t in (attn, last_pos, seed_keys, logits)
+                )
+                rows = smaller
+                for k, i in enumerate(active):
+                    row_of[i] = k
+                bitmask, bitmask_dev = bitmask_host[:rows], bitmask_dev_full[:rows]
+                bitmask[len(active) :] = -1
+                host = {k: v[:rows] for k, v in host_full.items()}
             t0 = time.perf_counter()
             if self.constrained:  # the masks for this step; the forward that made `logits` ran meanwhile
                 self.batch_matcher.batch_fill_next_token_bitmask(
-                    [matchers[i] for i in active], bitmask, indices=active
+                    [matchers[i] for i in active], bitmask, indices=[row_of[i] for i in active]
                 )
                 bitmask_dev.copy_(bitmask, non_blocking=pin)
             mask_s = time.perf_counter() - t0
@@ -185,7 +274,7 @@ class StaticEngine:
                         requests[i].bias is not None
                         and (b := requests[i].bias(outs[i].token_ids)) is not None
                     ):
-                        logits[i] += b[: self.vocab_size].to(dev)
+                        logits[row_of[i]] += b[: self.vocab_size].to(dev)
             tokens, lp, sampled = self._pick_fn(logits, bitmask_dev, step_keys(seed_keys, step))
             for k, v in (("tok", tokens), ("lp", lp), ("sampled", sampled)):
                 host[k].copy_(v, non_blocking=pin)
@@ -208,20 +297,20 @@ class StaticEngine:
             toks, lps, flags = host["tok"].tolist(), host["lp"].tolist(), host["sampled"].tolist()
             if self.constrained:
                 accepted = self.batch_matcher.batch_accept_token(
-                    [matchers[i] for i in active], [toks[i] for i in active]
+                    [matchers[i] for i in active], [toks[row_of[i]] for i in active]
                 )
                 if not all(accepted):
                     i = active[accepted.index(False)]
                     raise RuntimeError(
-                        f"grammar rejected token {toks[i]} it had allowed (row {i}, step {step})"
+                        f"grammar rejected token {toks[row_of[i]]} it had allowed (row {i}, step {step})"
                     )
             still = []
             for i in active:
-                g, tok = outs[i], toks[i]
+                g, tok = outs[i], toks[row_of[i]]
                 g.mask_s += mask_s / len(active)
                 g.token_ids.append(tok)
-                g.logprobs.append(lps[i])
-                g.sampled.append(int(flags[i]))
+                g.logprobs.append(lps[row_of[i]])
+                g.sampled.append(int(flags[row_of[i]]))
                 if tok in self.stop_token_ids and (not self.constrained or matchers[i].is_terminated()):
                     g.finish_reason = "stop"
                 elif len(g.token_ids) >= requests[i].max_new_tokens:
@@ -229,7 +318,7 @@ class StaticEngine:
                 else:
                     still.append(i)
             for i in set(active) - set(still):
-                bitmask[i] = -1  # a finished row: anything goes; its tokens are never read
+                bitmask[row_of[i]] = -1  # a finished row: anything goes; its tokens are never read
             active = still
             step += 1
         return outs
