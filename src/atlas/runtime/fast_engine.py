@@ -52,7 +52,15 @@ def packed_gqa_attention(
     shared_mask = attention_mask is None or attention_mask.shape[1] == attention_mask.shape[2] == 1
     if query.shape[2] != 1 or groups == 1 or not shared_mask:
         return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
         )
     b, heads, _, dim = query.shape
     out = F.scaled_dot_product_attention(
