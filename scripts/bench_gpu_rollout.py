@@ -7,13 +7,17 @@
 On one CUDA device, a random-init Qwen3 of a real shape (bf16) with an actor LoRA (r64/a128,
 all linear layers, as training has it), and a synthetic byte-level BPE tokenizer of 151,936
 tokens (`--tokenizer`: a folder from `--build-tokenizer`, which takes about a minute on CPU).
-Every variant decodes the same chat prompts (the tools listed in the system turn) for `--new`
-steps at one batch, and reports ms per decode step and generated tokens/s:
+Every variant decodes the same chat prompts (the tools listed in the system turn; `--samples`
+responses per question, 8 as in the report's 32 x 8 batch) for `--new` steps at one batch, and
+reports ms per decode step and generated tokens/s (prompt included: the time of the whole call):
 
     hf_generate            plain `model.generate`, dynamic cache, no grammar (the research anchor)
     hf_generate_static     the same with cache_implementation="static" (transformers compiles it)
     static_free            StaticEngine, no grammar
     static_grammar         StaticEngine with the call grammar (masks batched, overlapped)
+    static_grammar_full    the same with finished rows kept in the batch (no shrinking), so its
+                           steps have static_free's shapes: `grammar_overhead_per_step` compares
+                           these two
 
 and `agreement`: StaticEngine against HFEngine on the same seeds in float32 (small batch), rows
 whose tokens, sampled/forced flags and finish reason are identical, and the largest log-prob gap.
@@ -96,16 +100,19 @@ def build_model(tokenizer, shape: str, dtype, lora: int, device: str = "cuda"):
     return model
 
 
-def chat_requests(rt, batch: int, new: int, seed: int = 0):
+def chat_requests(rt, batch: int, new: int, seed: int = 0, samples: int = 1):
+    """`batch` requests: batch / samples questions, each asked `samples` times with its own seed
+    (the report's rollout batch is 32 questions x 8 responses)."""
     from atlas.runtime.engine import GenerationRequest
     from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
 
     code = CodeBounds(rt_cfg().max_code_run, rt_cfg().max_code_escapes)
     out = []
     for i in range(batch):
-        tools = gpqa_tools(code) if i % 2 == 0 else lcb_tools(code)
+        q = i // samples
+        tools = gpqa_tools(code) if q % 2 == 0 else lcb_tools(code)
         prompt = rt.chat_ids(
-            [{"role": "user", "content": f"Question {i}: which option holds? Think, then call a tool."}],
+            [{"role": "user", "content": f"Question {q}: which option holds? Think, then call a tool."}],
             [t.spec() for t in tools.values()],
         )
         out.append(GenerationRequest(prompt, rt.grammars.get(tools), new, seed=seed + i))
@@ -169,7 +176,8 @@ def engine_run(engine, requests):
 
 
 def agreement(tokenizer, shape: str, batch: int, device: str) -> dict:
-    """StaticEngine (compiled) against HFEngine on the same seeds, float32, the same model."""
+    """StaticEngine (compiled) against HFEngine on the same seeds, float32, the same model: 4
+    samples a question, so the shared prompts and the shrinking batch are part of it."""
     from atlas.runtime.fast_engine import StaticEngine
     from atlas.runtime.session import make_runtime
 
@@ -183,7 +191,7 @@ def agreement(tokenizer, shape: str, batch: int, device: str) -> dict:
         hf.pad_token_id,
         banned_token_ids=rt.grammars.banned_token_ids,
     )
-    requests = chat_requests(rt, batch, 256, seed=500)
+    requests = chat_requests(rt, batch, 256, seed=500, samples=4)  # prompts shared, rows finishing
     a, b = hf.generate(requests), fast.generate(requests)
     same = sum(
         x.token_ids == y.token_ids and x.sampled == y.sampled and x.finish_reason == y.finish_reason
@@ -245,11 +253,15 @@ def main() -> None:
     p.add_argument("--build-tokenizer", action="store_true", help="build the tokenizer folder and exit")
     p.add_argument("--shape", default="1.7b", choices=sorted(SHAPES))
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument(
+        "--samples", type=int, default=8, help="responses per question (1: every prompt different)"
+    )
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--lora", type=int, default=64, help="actor LoRA rank (0: none)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
-        "--variants", default="hf_generate,hf_generate_static,static_free,static_grammar,agreement"
+        "--variants",
+        default="hf_generate,hf_generate_static,static_free,static_grammar,static_grammar_full,agreement",
     )
     p.add_argument("--device", default="cuda", help="cpu only to try the script out")
     p.add_argument("--profile", type=Path, help="folder for the kernel table of one grammar run")
@@ -272,6 +284,7 @@ def main() -> None:
         "shape": args.shape,
         "vocab": VOCAB,
         "batch": args.batch,
+        "samples_per_question": args.samples,
         "new_tokens": args.new,
         "lora_rank": args.lora,
         "command": " ".join(sys.argv),
@@ -279,7 +292,7 @@ def main() -> None:
     }
     model = build_model(tokenizer, args.shape, torch.bfloat16, args.lora, args.device)
     rt = make_runtime(model, tokenizer, rt_cfg())
-    requests = chat_requests(rt, args.batch, args.new)
+    requests = chat_requests(rt, args.batch, args.new, samples=args.samples)
     results["prompt_tokens"] = [
         min(len(r.prompt_ids) for r in requests),
         max(len(r.prompt_ids) for r in requests),
@@ -315,8 +328,9 @@ def main() -> None:
                 hf_generate(model, tokenizer, requests, args.new, name.endswith("static")), args.repeats
             )
             row(name, s, tokens, args.new)
-        elif name in ("static_free", "static_grammar"):
-            engine.constrained = name == "static_grammar"
+        elif name in ("static_free", "static_grammar", "static_grammar_full"):
+            engine.constrained = name != "static_free"
+            engine.shrink = name != "static_grammar_full"
             s, (tokens, gens) = timed(engine_run(engine, requests), args.repeats)
             steps = max(len(g.token_ids) for g in gens)
             mask = sum(g.mask_s for g in gens) / max(tokens, 1)
@@ -333,12 +347,12 @@ def main() -> None:
             results["agreement"] = agreement(tokenizer, "2layer", 32, args.device)
             print("agreement:", json.dumps(results["agreement"]), flush=True)
     if args.profile:
-        engine.constrained = True
+        engine.constrained, engine.shrink = True, True
         results["profile"] = profile_run(engine, requests, args.profile / f"rollout_kernels_{args.shape}.txt")
     by = {r["variant"]: r for r in results["rows"]}
-    if "static_free" in by and "static_grammar" in by:
+    if "static_free" in by and "static_grammar_full" in by:
         results["grammar_overhead_per_step"] = (
-            by["static_grammar"]["ms_per_step"] / by["static_free"]["ms_per_step"] - 1
+            by["static_grammar_full"]["ms_per_step"] / by["static_free"]["ms_per_step"] - 1
         )
         print(f"grammar overhead per step: {100 * results['grammar_overhead_per_step']:.1f}%")
     if "hf_generate" in by and "static_grammar" in by:

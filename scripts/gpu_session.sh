@@ -29,11 +29,15 @@ if [[ $what == smoke || $what == all ]]; then
     --variants hf_generate,static_free,static_grammar --out "$OUT/rollout_smoke.json" 2>&1 | grep -v Warning | tee "$OUT/rollout_smoke.log"
 fi
 if [[ $what == rollout || $what == all ]]; then
-  # resources/perf/h200_rollout_1.7b.json and h200_rollout_kernels_1.7b.txt came from these lines
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py 2>&1 | tee "$OUT/pytest_gpu_engine.txt"
-  timeout 420 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --new 128 --repeats 2 --lora 0 \
-    --variants hf_generate,static_free,static_grammar,agreement --profile "$OUT" \
-    --out "$OUT/rollout_1.7b.json" 2>&1 | grep -v Warning | tee "$OUT/rollout_1.7b.log"
+  # resources/perf/h200_rollout_1.7b.json (32 questions x 8 samples), h200_rollout_kernels_1.7b.txt
+  # and h200_rollout_1.7b_unique_prompts.json came from these lines
+  timeout 330 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --samples 8 --new 128 --repeats 2 \
+    --lora 0 --variants hf_generate,static_free,static_grammar,static_grammar_full,agreement --profile "$OUT" \
+    --out "$OUT/rollout_1.7b.json" 2>&1 | grep -v -i "warn\|softmax\|inductor\|important use\|^$" | tee "$OUT/rollout_1.7b.log"
+  timeout 200 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --samples 1 --new 128 --repeats 2 \
+    --lora 0 --variants static_free,static_grammar,static_grammar_full \
+    --out "$OUT/rollout_1.7b_unique_prompts.json" 2>&1 | grep -v -i "warn\|softmax\|inductor\|important use\|^$" | tee "$OUT/rollout_1.7b_unique.log"
+  [[ $what == all ]] && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py 2>&1 | tee "$OUT/pytest_gpu_engine.txt"
 fi
 if [[ $what == dp ]]; then
   # nvidia-h200-x2 (carry also results/models/tiny, results/runs/training_smoke,

@@ -164,3 +164,33 @@ def test_the_batch_shrinks_as_rows_finish_and_tokens_stay_the_same(runtime):
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
     assert {rows for rows, _ in fast._caches} == {8, 4, 2, 1}
     assert hf.model.config._attn_implementation == "sdpa"
+
+
+def test_a_prompt_asked_several_times_is_computed_once(runtime):
+    """3 questions x 4 samples (different seeds): the prompt runs in a bucket of 4 rows, its KV
+    rows are copied to the 16-row batch, and every sample equals the HF engine's."""
+    hf = runtime.engine
+    fast = StaticEngine(
+        hf.model,
+        hf.vocab_size,
+        hf.stop_token_ids,
+        hf.pad_token_id,
+        banned_token_ids=runtime.grammars.banned_token_ids,
+        compile=False,
+        min_batch=1,
+        shrink=False,  # so the 4-row cache can only be the prompts' own
+    )
+    questions = requests_for(runtime, 3)
+    requests = [
+        GenerationRequest(q.prompt_ids, q.grammar, q.max_new_tokens, seed=100 * k + j)
+        for j, q in enumerate(questions)
+        for k in range(4)
+    ]
+    a, b = hf.generate(requests), fast.generate(requests)
+    assert len({tuple(y.token_ids) for y in b}) > 3  # the samples of one question differ
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids and x.sampled == y.sampled
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    width = max(len(r.prompt_ids) for r in requests)
+    length = cache_length(width + 1000, 64)
+    assert set(fast._caches) == {(4, length), (16, length)}

@@ -179,24 +179,53 @@ class StaticEngine:
             logits = torch.where((allowed_bits == 1) & self._unbanned, logits, float("-inf"))
         return draw(logits, keys, self.top_p)
 
-    def _shrink(self, cache: StaticCache, index: torch.Tensor, length: int) -> StaticCache:
+    def _prefill(self, prompts: Sequence[Sequence[int]], rows: int, width: int, length: int):
+        """The prompts left-padded into a cache of `rows` x `length` positions, run once each: a
+        prompt asked several times (a question's samples) is computed once and its KV rows are
+        copied. Padding rows hold one pad token. Returns the cache, the attention mask over all
+        positions, the prompt positions and the last prompt token's logits, one row per row."""
+        dev = self.device
+        unique: dict[tuple[int, ...], int] = {}
+        of = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        once = bucket(len(unique), self.min_batch)
+        if once >= rows:  # nothing to share (or no smaller bucket to compute it in)
+            once, of, texts = rows, list(range(len(prompts))), list(prompts)
+        else:
+            texts = list(unique)
+        ids = torch.full((once, width), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((once, length), dtype=torch.long)
+        for i, p in enumerate(texts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            attn[i, width - len(p) : width] = 1
+        attn[len(texts) :, width - 1] = 1
+        positions = (attn[:, :width].cumsum(-1) - 1).clamp(min=0)
+        ids, attn, positions = ids.to(dev), attn.to(dev), positions.to(dev)
+        cache = self._cache(once, length)
+        logits = self._forward(ids, attn, positions, torch.arange(width, device=dev), cache, keep=1)
+        if once == rows:
+            return cache, attn, positions, logits
+        index = torch.tensor(of + [0] * (rows - len(of)), device=dev)  # padding rows: unread copies
+        return (
+            self._gather(cache, index, length),
+            *(t.index_select(0, index) for t in (attn, positions, logits)),
+        )
+
+    def _gather(self, cache: StaticCache, index: torch.Tensor, length: int) -> StaticCache:
         """The rows `index` of `cache`, in that order, in the cache of the bucket of len(index)
         rows (kept between calls, so a compiled step sees the same tensors each time)."""
-        small = self._cache(len(index), length)
-        for old, new in zip(cache.layers, small.layers, strict=True):
-            if not new.is_initialized:
+        target = self._cache(len(index), length)
+        for old, new in zip(cache.layers, target.layers, strict=True):
+            if not new.is_initialized:  # shapes, dtype and device from a template of the new batch
+                keys, values = (t[:1].expand(len(index), -1, -1, -1) for t in (old.keys, old.values))
                 init = new.lazy_initialization
-                if len(inspect.signature(init).parameters) == 2:
-                    init(old.keys[: len(index)], old.values[: len(index)])
-                else:
-                    init(old.keys[: len(index)])
+                init(keys, values) if len(inspect.signature(init).parameters) == 2 else init(keys)
             new.keys.copy_(old.keys.index_select(0, index))
             new.values.copy_(old.values.index_select(0, index))
             if isinstance(getattr(old, "cumulative_length", None), torch.Tensor):
                 new.cumulative_length.copy_(old.cumulative_length)
             elif hasattr(old, "cumulative_length"):
                 new.cumulative_length = old.cumulative_length
-        return small
+        return target
 
     @torch.no_grad()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
@@ -217,7 +246,7 @@ class StaticEngine:
         cap = max(r.max_new_tokens for r in requests)
         length = cache_length(width + cap, self.length_multiple)
         dev = self.device
-        cache = self._cache(rows, length)
+        cache, attn, positions, logits = self._prefill([r.prompt_ids for r in requests], rows, width, length)
         outs = [Generation() for _ in requests]
         matchers = [xgr.GrammarMatcher(r.grammar.grammar) for r in requests]
         active = list(range(n))
@@ -227,17 +256,6 @@ class StaticEngine:
         bitmask_host = bitmask_host.pin_memory() if pin else bitmask_host
         bitmask_dev_full = torch.full_like(bitmask_host, -1, device=dev)
         bitmask, bitmask_dev = bitmask_host, bitmask_dev_full
-
-        # Left-padded prompts in a cache of `length` positions; padding rows hold one pad token.
-        ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((rows, length), dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            attn[i, width - len(r.prompt_ids) : width] = 1
-        attn[n:, width - 1] = 1
-        positions = (attn[:, :width].cumsum(-1) - 1).clamp(min=0)
-        ids, attn, positions = ids.to(dev), attn.to(dev), positions.to(dev)
-        logits = self._forward(ids, attn, positions, torch.arange(width, device=dev), cache, keep=1)
         last_pos = positions[:, -1:].clone()
         seed_keys = torch.tensor(
             [seed_key(r.seed) for r in requests] + [0] * (rows - n), dtype=torch.int64, device=dev
@@ -258,7 +276,7 @@ class StaticEngine:
                 taken = set(live)
                 order = live + [r for r in range(rows) if r not in taken][: smaller - len(live)]
                 index = torch.tensor(order, device=dev)
-                cache = self._shrink(cache, index, length)
+                cache = self._gather(cache, index, length)
                 attn, last_pos, seed_keys, logits = (
                     t.index_select(0, index) for t in (attn, last_pos, seed_keys, logits)
                 )
