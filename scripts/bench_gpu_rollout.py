@@ -342,7 +342,9 @@ def main() -> None:
                 live_row_fraction=tokens / (steps * len(gens)),
                 mask_fill_us_per_token=1e6 * mask,
                 forced=sum(g.sampled.count(0) for g in gens),
+                cpu_seconds=dict(engine.last_timing),  # of the last timed call
             )
+            print("  cpu seconds:", {k: round(v, 3) for k, v in engine.last_timing.items()}, flush=True)
         elif name == "agreement":
             results["agreement"] = agreement(tokenizer, "2layer", 32, args.device)
             print("agreement:", json.dumps(results["agreement"]), flush=True)

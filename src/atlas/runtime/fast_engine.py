@@ -131,6 +131,9 @@ class StaticEngine:
             "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
         )
         self._caches: dict[tuple[int, int], StaticCache] = {}
+        # CPU seconds of the last generate call: filling masks, launching (pick and the next
+        # forward), waiting for the step's tokens, and reading them (accept, bookkeeping).
+        self.last_timing: dict = {}
         cuda = self.device.type == "cuda"
         self.compiled = cuda if compile is None else compile
         if self.compiled:  # a graph per (rows, positions) bucket: more than dynamo's default 8
@@ -167,7 +170,7 @@ class StaticEngine:
         ).logits[:, -1, : self.vocab_size]
 
     def _decode(self, ids, attention_mask, position_ids, cache_position, cache):
-        return self._forward(ids, attention_mask, position_ids, cache_position, cache, None)
+        return self._forward(ids, attention_mask, position_ids, cache_position, cache, None).float()
 
     def _pick(self, logits: torch.Tensor, bitmask: torch.Tensor, keys: torch.Tensor):
         """Tokens, their log-probs (0 where forced) and the sampled flags, all on the device: the
@@ -266,6 +269,11 @@ class StaticEngine:
         }
         host = host_full
         copied = torch.cuda.Event() if pin else None
+        # Cache positions of the decode steps, made once: a tensor built from a Python list on
+        # the device would wait for the GPU (a pageable copy syncs the stream) every step.
+        step_positions = torch.arange(width, width + cap, device=dev)
+        clock = dict.fromkeys(("fill_s", "launch_s", "wait_s", "host_s"), 0.0) | {"shrinks": 0}
+        self.last_timing = clock
 
         step = 0
         while active:
@@ -286,6 +294,7 @@ class StaticEngine:
                 bitmask, bitmask_dev = bitmask_host[:rows], bitmask_dev_full[:rows]
                 bitmask[len(active) :] = -1
                 host = {k: v[:rows] for k, v in host_full.items()}
+                clock["shrinks"] += 1
             t0 = time.perf_counter()
             if self.constrained:  # the masks for this step; the forward that made `logits` ran meanwhile
                 self.batch_matcher.batch_fill_next_token_bitmask(
@@ -293,6 +302,7 @@ class StaticEngine:
                 )
                 bitmask_dev.copy_(bitmask, non_blocking=pin)
             mask_s = time.perf_counter() - t0
+            clock["fill_s"] += mask_s
             if any(requests[i].bias is not None for i in active):  # scripted boundary cases only
                 logits = logits.float()
                 for i in active:
@@ -308,17 +318,17 @@ class StaticEngine:
                 copied.record()
             # The next forward goes in the queue before the CPU waits for this step's tokens.
             last_pos += 1
-            attn.scatter_(1, (width + step) * torch.ones((rows, 1), dtype=torch.long, device=dev), 1)
+            attn[:, width + step] = 1
             if step + 1 < cap:
                 logits = self._step(
-                    tokens.view(rows, 1),
-                    attn,
-                    last_pos,
-                    torch.tensor([width + step], device=dev),
-                    cache,
-                ).float()
+                    tokens.view(rows, 1), attn, last_pos, step_positions[step : step + 1], cache
+                )
+            t1 = time.perf_counter()
             if pin:
                 copied.synchronize()
+            t2 = time.perf_counter()
+            clock["launch_s"] += t1 - t0 - mask_s
+            clock["wait_s"] += t2 - t1
 
             toks, lps, flags = host["tok"].tolist(), host["lp"].tolist(), host["sampled"].tolist()
             if self.constrained:
@@ -347,4 +357,6 @@ class StaticEngine:
                 bitmask[row_of[i]] = -1  # a finished row: anything goes; its tokens are never read
             active = still
             step += 1
+            clock["host_s"] += time.perf_counter() - t2
+        clock["steps"] = step
         return outs
