@@ -283,6 +283,8 @@ def test_perf_stack_rows(pipeline):
     committed = everything.filter(pl.col("source") != "pipeline")
     assert set(committed["source"]) == {
         "committed resources/perf/h200_rollout_1.7b.json",
+        "committed resources/perf/h200_rollout_1.7b_unique_prompts.json",
+        "committed resources/perf/h200_rollout_1.7b_lora64.json",
         "committed resources/perf/h200_checkpoint_1.7b.json",
         "committed resources/perf/h200_checkpoint_8b.json",
         "committed resources/perf/h200_update_8b.json",
@@ -316,8 +318,18 @@ def test_perf_stack_rows(pipeline):
         "update_actor",
         "save_checkpoint",
     } <= full
-    rollout = {r["phase"]: r for r in committed.filter(pl.col("test") == "rollout").iter_rows(named=True)}
-    assert set(rollout) == {"hf_generate", "hf_generate_static", "static_free", "static_grammar"}
+    rollout = {}
+    for r in committed.filter(pl.col("test") == "rollout").iter_rows(named=True):
+        rollout.setdefault(r["source"].rsplit("/", 1)[1], {})[r["phase"]] = r
+    engine = {"static_free", "static_grammar", "static_grammar_full"}
+    assert {k: set(v) for k, v in rollout.items()} == {
+        "h200_rollout_1.7b.json": {"hf_generate", *engine},
+        "h200_rollout_1.7b_unique_prompts.json": engine,
+        "h200_rollout_1.7b_lora64.json": engine,
+    }
+    report_batch = rollout["h200_rollout_1.7b.json"]["static_grammar"]  # 32 questions x 8 samples
+    assert report_batch["model_shape"] == "qwen3 1.7b v151936 batch 256 lora r0 8 samples per prompt"
+    assert report_batch["tokens_per_s"] > 14_500  # the goal: 5x plain generate's 2,887
     saved = committed.filter(pl.col("test") == "checkpoint_save")
     assert (saved["checkpoint_bytes"] > 10**9).all() and saved["checkpoint_save_s"].is_not_null().all()
     assert set(perf["model_shape"]) == {"qwen3 L2 d128 ff512 h2/1 v2048"}

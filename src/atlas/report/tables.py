@@ -357,6 +357,8 @@ def committed_perf_rows(path: Path) -> list[dict]:
         return [{**row, "source": source} for row in data["perf_stack"]]
     if "rows" in data and all("variant" in r for r in data["rows"]):
         shape = f"qwen3 {data['shape']} v{data['vocab']} batch {data['batch']} lora r{data['lora_rank']}"
+        if data.get("samples_per_question", 1) > 1:
+            shape += f" {data['samples_per_question']} samples per prompt"
         return [
             {
                 "source": source,
