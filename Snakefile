@@ -32,6 +32,7 @@ configfile: "config/config.yaml"
 
 # Pydantic first, for messages that name the key path; then the generated JSON schema.
 ATLAS = parse_config(config, "(snakemake config)")
+JOB_THREADS = ATLAS.resources.threads or workflow.cores  # threads of each model job
 validate(config, "config/schema.json", set_default=False)
 check_runtime_bounds(ATLAS.runtime)  # token caps above the grammar's hard bound
 

@@ -11,7 +11,7 @@ rule smoke:
         "results/logs/smoke.log",
     conda:
         "../envs/atlas.yaml"
-    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
+    threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
     params:
         slice=stage_slice("smoke"),
     shell:
@@ -32,7 +32,7 @@ rule boundary:
         "results/logs/boundary.log",
     conda:
         "../envs/atlas.yaml"
-    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
+    threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
     params:
         slice=stage_slice("boundary"),
     shell:

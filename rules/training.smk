@@ -20,7 +20,7 @@ rule train:
         run="|".join(TRAINING_RUNS),
     conda:
         "../envs/atlas.yaml"
-    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
+    threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
     resources:
         gpu=ATLAS.resources.gpus,
     params:
@@ -48,7 +48,7 @@ rule dose_step:
         "results/logs/dose_step.log",
     conda:
         "../envs/atlas.yaml"
-    threads: workflow.cores  # torch uses every core it is given; two such jobs would only contend
+    threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
     resources:
         gpu=ATLAS.resources.gpus,
     params:
@@ -79,7 +79,7 @@ rule checks:
         run="|".join(TRAINING_RUNS),
     conda:
         "../envs/atlas.yaml"
-    threads: workflow.cores
+    threads: JOB_THREADS
     params:
         slice=lambda wc: canonical_json(config_slice(ATLAS, "training", wc.run)),
         snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
@@ -104,7 +104,7 @@ rule distributed_roundtrip:
         run="|".join(TRAINING_RUNS),
     conda:
         "../envs/atlas.yaml"
-    threads: workflow.cores
+    threads: 2  # two ranks of one thread each
     resources:
         gpu=min(2, ATLAS.resources.gpus),
     params:
@@ -134,7 +134,7 @@ rule validation:
         policy="|".join(["base", *TRAINING_RUNS]),
     conda:
         "../envs/atlas.yaml"
-    threads: workflow.cores
+    threads: JOB_THREADS
     resources:
         gpu=min(1, ATLAS.resources.gpus),
     params:

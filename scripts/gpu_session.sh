@@ -18,7 +18,7 @@ set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHEELS:-.whl}/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=true
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/nvidia_smi.txt"
 python3 -c "import torch, transformers, peft, xgrammar; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'xgrammar', xgrammar.__version__)"
@@ -38,6 +38,21 @@ if [[ $what == rollout || $what == all ]]; then
     --lora 0 --variants static_free,static_grammar,static_grammar_full \
     --out "$OUT/rollout_1.7b_unique_prompts.json" 2>&1 | grep -v -i "warn\|softmax\|inductor\|important use\|^$" | tee "$OUT/rollout_1.7b_unique.log"
   [[ $what == all ]] && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py 2>&1 | tee "$OUT/pytest_gpu_engine.txt"
+fi
+if [[ $what == train ]]; then
+  # The local engine's training loop on CUDA (StaticEngine rollouts, compiled), 2 steps of the tiny
+  # model (carry results/models/tiny, results/data and .gpu/train_gpu_slice.json: the
+  # training_smoke slice with resources cuda/1 and wandb disabled), then the GPU tests.
+  timeout 300 python3 -m atlas.rl.train --config-slice "$(cat .gpu/train_gpu_slice.json)" \
+    --train results/data/train.parquet --val results/data/val.parquet --tests results/data/tests.parquet \
+    --model results/models/tiny --checkpoints "$OUT/checkpoints" --out "$OUT/run" 2>&1 \
+    | grep -v -i "warn\|softmax\|inductor\|important use\|^$" | tail -60 | tee "$OUT/train_gpu.log"
+  python3 -c "import json, sys, pyarrow.parquet as pq; rows = pq.read_table(sys.argv[1]).to_pylist(); \
+json.dump(rows, open(sys.argv[2], 'w'), indent=1, default=str); \
+[print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k.startswith(('step', 'timing_s/', 'perf/', 'reward'))}) for r in rows]" \
+    "$OUT/run/step_metrics.parquet" "$OUT/train_gpu_metrics.json" | tee -a "$OUT/train_gpu.log"
+  rm -rf "$OUT/checkpoints" "$OUT/run"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py tests/test_gpu_packing.py 2>&1 | tail -3 | tee "$OUT/pytest_gpu.txt"
 fi
 if [[ $what == dp ]]; then
   # nvidia-h200-x2 (carry also results/models/tiny, results/runs/training_smoke,

@@ -110,6 +110,24 @@ def test_config_slices_hold_only_what_the_stage_reads():
     assert config_slice(cfg, "data")["schedule"]["steps"] == cfg.schedule.steps
 
 
+def test_threads_per_job_are_scheduling_only():
+    """resources.threads sets each model job's threads (1 in the embedded default, so jobs run
+    side by side) and is in no stage's slice: changing it reruns nothing."""
+    raw = default_raw()
+    assert parse_config(raw).resources.threads == 1
+    raw4 = copy.deepcopy(raw)
+    raw4["resources"]["threads"] = 4
+    for stage in ("smoke", "boundary", "validation"):
+        assert config_slice(parse_config(raw), stage) == config_slice(parse_config(raw4), stage)
+        assert config_slice(parse_config(raw), stage)["resources"] == {"device": "cpu", "gpus": 0}
+    assert config_slice(parse_config(raw), "training", "zero_potential") == config_slice(
+        parse_config(raw4), "training", "zero_potential"
+    )
+    raw4["resources"]["threads"] = 0
+    with pytest.raises(ConfigError, match="threads"):
+        parse_config(raw4, "bad.yaml")
+
+
 def test_a_training_slice_holds_only_its_own_run():
     raw = default_raw()
     before = config_slice(parse_config(raw), "training", "zero_potential")

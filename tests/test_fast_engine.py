@@ -194,3 +194,17 @@ def test_a_prompt_asked_several_times_is_computed_once(runtime):
     width = max(len(r.prompt_ids) for r in requests)
     length = cache_length(width + 1000, 64)
     assert set(fast._caches) == {(4, length), (16, length)}
+
+
+def test_a_runtime_on_a_gpu_generates_with_the_static_engine(runtime):
+    from atlas.runtime.engine import HFEngine
+    from atlas.runtime.session import make_runtime
+
+    model = runtime.engine.model
+    assert type(make_runtime(model, runtime.tokenizer, RuntimeConfig()).engine) is HFEngine  # CPU
+    fast = make_runtime(model, runtime.tokenizer, RuntimeConfig(), fast=True).engine
+    assert type(fast) is StaticEngine and not fast.compiled  # eager off CUDA
+    requests = requests_for(runtime, 2, max_new=8)
+    assert [g.token_ids for g in fast.generate(requests)] == [
+        g.token_ids for g in runtime.engine.generate(requests)
+    ]

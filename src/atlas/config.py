@@ -434,6 +434,14 @@ class ResourcesConfig(_Strict):
 
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Where tensors live.")
     gpus: int = Field(default=0, ge=0, description="GPUs per training job (`resources: gpu=N`).")
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Threads of each model job (Snakemake's `threads`, torch's OMP_NUM_THREADS); "
+        "null: every core, one such job at a time. With 1, Snakemake runs as many jobs side by side "
+        "as it has cores. Scheduling only: not in any stage's config slice, so changing it reruns "
+        "nothing.",
+    )
 
     @model_validator(mode="after")
     def _gpus_need_cuda(self) -> ResourcesConfig:
@@ -553,6 +561,8 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
         config = parse_config(config)
     dumped = config.model_dump(mode="json")
     out = {key: dumped[key] for key in STAGE_SLICES[stage]}
+    if "resources" in out:
+        out["resources"] = {k: v for k, v in out["resources"].items() if k != "threads"}
     if stage in ("training", "dose_step", "validation"):
         training = dict(out["training"])
         runs, dose = training.pop("runs"), training.pop("dose_step")

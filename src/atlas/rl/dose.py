@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> None:
         eps = copy.deepcopy(episodes)
         placed = shape(eps, potential, gamma=ppo.gamma, dose=dose)
         report = check_protocol(rt, eps, runtime, placed)
-        batch = make_batch(eps, [x.token_rewards for x in placed], masks, tokenizer.pad_token_id)
+        batch = make_batch(
+            eps, [x.token_rewards for x in placed], masks, tokenizer.pad_token_id, resources.device
+        )
         prep = prepare(ac, batch, ppo, runtime.temperature)
         fill_records(eps, prep)
         metrics = {

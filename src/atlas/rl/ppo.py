@@ -49,7 +49,10 @@ class Batch:
         )
 
 
-def make_batch(episodes, token_rewards: list[torch.Tensor], masks: list[ReplayedMasks], pad_id: int) -> Batch:
+def make_batch(
+    episodes, token_rewards: list[torch.Tensor], masks: list[ReplayedMasks], pad_id: int, device="cpu"
+) -> Batch:
+    """The episodes right-padded into one batch, on the policy's `device`."""
     width = max(len(ep.token_ids) for ep in episodes)
     n = len(episodes)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -64,7 +67,8 @@ def make_batch(episodes, token_rewards: list[torch.Tensor], masks: list[Replayed
         sampled[i, :k] = torch.tensor(ep.sampled, dtype=torch.float32)
         logprobs[i, :k] = torch.tensor(ep.logprobs, dtype=torch.float32)
         rewards[i, :k] = token_rewards[i]
-    return Batch(ids, attn, sampled, logprobs, rewards, masks)
+    masks = [ReplayedMasks(m.positions.to(device), m.bitmask.to(device)) for m in masks]
+    return Batch(*(t.to(device) for t in (ids, attn, sampled, logprobs, rewards)), masks)
 
 
 def token_logprobs(logits: torch.Tensor, batch: Batch, temperature: float) -> torch.Tensor:

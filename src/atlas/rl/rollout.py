@@ -124,7 +124,8 @@ def collect(
     timings["timing_s/potential"] = time.perf_counter() - t
     report = check_protocol(rt, episodes, cfg, placed)
     masks = [replay_masks(ep, rt) for ep in episodes]
-    batch = make_batch(episodes, [p.token_rewards for p in placed], masks, rt.tokenizer.pad_token_id)
+    device = next(rt.model.parameters()).device
+    batch = make_batch(episodes, [p.token_rewards for p in placed], masks, rt.tokenizer.pad_token_id, device)
     return StepRollout(episodes, placed, batch, report, timings)
 
 

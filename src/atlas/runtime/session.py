@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atlas.chat import CALL_CLOSE, CALL_OPEN
 from atlas.config import RuntimeConfig
-from atlas.runtime.engine import HFEngine, LogitBias
+from atlas.runtime.engine import HFEngine, LogitBias, RolloutEngine
+from atlas.runtime.fast_engine import StaticEngine
 from atlas.runtime.grammar import CallGrammars
 
 STEER_LOGIT = 1e4  # added to a scripted token's logit: sampled with probability ~1 when legal
@@ -25,7 +26,7 @@ _PROBE_CALL, _PROBE_OUTPUT = "\u2063CALL\u2063", "\u2063OUTPUT\u2063"
 class Runtime:
     tokenizer: object
     model: object | None  # None where another process generates (the verl agent loop)
-    engine: HFEngine | None
+    engine: RolloutEngine | None  # HFEngine, or StaticEngine on a GPU
     grammars: CallGrammars
     call_open_id: int
     call_close_id: int
@@ -116,10 +117,16 @@ def tool_runtime(tokenizer, vocab_size: int, cfg: RuntimeConfig, model=None, eng
     )
 
 
-def make_runtime(model, tokenizer, cfg: RuntimeConfig, constrained: bool = True) -> Runtime:
-    """A runtime around an already loaded model (the base, or the actor adapter during training)."""
+def make_runtime(
+    model, tokenizer, cfg: RuntimeConfig, constrained: bool = True, fast: bool | None = None
+) -> Runtime:
+    """A runtime around an already loaded model (the base, or the actor adapter during training).
+    Its engine is StaticEngine (`fast`; by default on a CUDA device) or HFEngine: the same
+    contract and, on the same log-probs, the same tokens."""
     rt = tool_runtime(tokenizer, model.config.vocab_size, cfg, model=model)
-    rt.engine = HFEngine(
+    if fast is None:
+        fast = next(model.parameters()).device.type == "cuda"
+    rt.engine = (StaticEngine if fast else HFEngine)(
         model,
         model.config.vocab_size,
         rt.stop_ids,
