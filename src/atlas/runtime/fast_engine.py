@@ -38,7 +38,7 @@ from transformers.masking_utils import sdpa_mask
 from atlas.runtime.engine import Generation, GenerationRequest
 from atlas.runtime.sampling import draw, seed_key, step_keys
 
-KEEP_CACHES = 8  # a bucket and the smaller ones it shrinks into: at most twice its own memory
+KEEP_CACHES = 8  # buckets kept: one call's batch and the smaller ones it shrinks into (~2x its memory)
 PACKED_GQA = "atlas_packed_gqa"
 
 
@@ -185,7 +185,8 @@ class StaticEngine:
     def _prefill(self, prompts: Sequence[Sequence[int]], rows: int, width: int, length: int):
         """The prompts left-padded into a cache of `rows` x `length` positions, run once each: a
         prompt asked several times (a question's samples) is computed once and its KV rows are
-        copied. Padding rows hold one pad token. Returns the cache, the attention mask over all
+        copied. Padding rows hold one pad token (a copy of the first prompt when prompts are
+        shared); nothing reads them. Returns the cache, the attention mask over all
         positions, the prompt positions and the last prompt token's logits, one row per row."""
         dev = self.device
         unique: dict[tuple[int, ...], int] = {}
