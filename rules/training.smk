@@ -104,7 +104,7 @@ rule distributed_roundtrip:
         run="|".join(TRAINING_RUNS),
     conda:
         "../envs/atlas.yaml"
-    threads: 2  # two ranks of one thread each
+    threads: 1  # two one-thread ranks that mostly wait on imports and on each other
     resources:
         gpu=min(2, ATLAS.resources.gpus),
     params:
