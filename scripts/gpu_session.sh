@@ -14,6 +14,10 @@
 #   run:   bash scripts/gpu_session.sh smoke, then bash scripts/gpu_session.sh rollout (one device
 #          call each: together they can pass the 10-minute limit of one call); likewise `update`
 #          (the LoRA update benchmark, 8B and 1.7B) and `perf` (the report's perf tests, 1.7B)
+#   train: WHEELS=.whl-train bash scripts/gpu_session.sh train, with .whl-train holding .whl's
+#          wheels but liger plus polars and polars-runtime-32 (the journal writes with polars;
+#          54 MB, so the 64 MiB carry leaves out .gpu/tokenizer): carry .whl-train,
+#          .gpu/train_gpu_slice.json, results/models/tiny and results/data
 set -uo pipefail
 what=${1:-all}
 OUT=${OUT:-/tmp/out}
