@@ -77,16 +77,30 @@ def requests_for(rt, n: int, max_new: int = 1000):
     return out
 
 
-def test_static_engine_matches_the_hf_engine_token_for_token(runtime):
+def eager_static_engine(runtime, **kwargs) -> StaticEngine:
+    """StaticEngine over the runtime's model, uncompiled (CPU), with its HFEngine's settings."""
     hf = runtime.engine
-    fast = StaticEngine(
+    return StaticEngine(
         hf.model,
         hf.vocab_size,
         hf.stop_token_ids,
         hf.pad_token_id,
         banned_token_ids=runtime.grammars.banned_token_ids,
         compile=False,
+        **kwargs,
     )
+
+
+def assert_same_rows(a, b) -> None:
+    """HFEngine's and StaticEngine's generations agree: tokens, flags, log-probs to 1e-4."""
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids and x.sampled == y.sampled
+        assert x.finish_reason == y.finish_reason
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+
+
+def test_static_engine_matches_the_hf_engine_token_for_token(runtime):
+    hf, fast = runtime.engine, eager_static_engine(runtime)
     requests = requests_for(runtime, 5)  # 5 rows in a bucket of 8: padding rows ride along
     a, b = hf.generate(requests), fast.generate(requests)
     forced = 0
@@ -116,52 +130,34 @@ def test_packed_gqa_decode_attention_equals_sdpa_over_repeated_heads():
     key, value = torch.randn(b, kv, length, dim), torch.randn(b, kv, length, dim)
     mask = torch.rand(b, 1, 1, length) > 0.3
     mask[..., 0] = True
+
+    def repeated_heads(q, m):  # what transformers' repeat_kv path computes, as [b, q, heads, d]
+        k, v = (t.repeat_interleave(groups, dim=1) for t in (key, value))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.25).transpose(
+            1, 2
+        )
+
     out, _ = packed_gqa_attention(module, query, key, value, mask, scaling=0.25)
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        query,
-        key.repeat_interleave(groups, dim=1),
-        value.repeat_interleave(groups, dim=1),
-        attn_mask=mask,
-        scale=0.25,
-    )
     assert out.shape == (b, 1, kv * groups, dim)
-    assert torch.allclose(out, ref.transpose(1, 2), atol=1e-6)
+    assert torch.allclose(out, repeated_heads(query, mask), atol=1e-6)
     # A prompt (several query tokens) takes plain SDPA, the same numbers as the repeated heads.
     q2 = torch.randn(b, kv * groups, 3, dim)
     causal = torch.ones(3, length, dtype=torch.bool).tril(length - 3)[None, None].expand(b, 1, 3, length)
     out2, _ = packed_gqa_attention(module, q2, key, value, causal, scaling=0.25)
-    ref2 = torch.nn.functional.scaled_dot_product_attention(
-        q2,
-        key.repeat_interleave(groups, dim=1),
-        value.repeat_interleave(groups, dim=1),
-        attn_mask=causal,
-        scale=0.25,
-    )
-    assert torch.allclose(out2, ref2.transpose(1, 2), atol=1e-6)
+    assert torch.allclose(out2, repeated_heads(q2, causal), atol=1e-6)
 
 
 def test_the_batch_shrinks_as_rows_finish_and_tokens_stay_the_same(runtime):
     """With min_batch 1, 5 requests start in 8 rows and move to 4, 2 and 1 rows as they finish
     (their KV rows gathered); every row still equals the HF engine's, and the prompt's
     attention implementation is given back afterwards."""
-    hf = runtime.engine
-    fast = StaticEngine(
-        hf.model,
-        hf.vocab_size,
-        hf.stop_token_ids,
-        hf.pad_token_id,
-        banned_token_ids=runtime.grammars.banned_token_ids,
-        compile=False,
-        min_batch=1,
-    )
+    hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1)
     requests = requests_for(runtime, 5)
     a, b = hf.generate(requests), fast.generate(requests)
     lengths = sorted(len(y.token_ids) for y in b)
     assert lengths[0] < lengths[1] < lengths[-1]  # rows finish at different steps
-    for x, y in zip(a, b, strict=True):
-        assert x.token_ids == y.token_ids and x.sampled == y.sampled
-        assert x.finish_reason == y.finish_reason == "stop"
-        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    assert_same_rows(a, b)
+    assert {y.finish_reason for y in b} == {"stop"}
     assert {rows for rows, _ in fast._caches} == {8, 4, 2, 1}
     assert hf.model.config._attn_implementation == "sdpa"
 
@@ -169,17 +165,8 @@ def test_the_batch_shrinks_as_rows_finish_and_tokens_stay_the_same(runtime):
 def test_a_prompt_asked_several_times_is_computed_once(runtime):
     """3 questions x 4 samples (different seeds): the prompt runs in a bucket of 4 rows, its KV
     rows are copied to the 16-row batch, and every sample equals the HF engine's."""
-    hf = runtime.engine
-    fast = StaticEngine(
-        hf.model,
-        hf.vocab_size,
-        hf.stop_token_ids,
-        hf.pad_token_id,
-        banned_token_ids=runtime.grammars.banned_token_ids,
-        compile=False,
-        min_batch=1,
-        shrink=False,  # so the 4-row cache can only be the prompts' own
-    )
+    # shrink off, so the 4-row cache can only be the prompts' own
+    hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1, shrink=False)
     questions = requests_for(runtime, 3)
     requests = [
         GenerationRequest(q.prompt_ids, q.grammar, q.max_new_tokens, seed=100 * k + j)
@@ -188,9 +175,7 @@ def test_a_prompt_asked_several_times_is_computed_once(runtime):
     ]
     a, b = hf.generate(requests), fast.generate(requests)
     assert len({tuple(y.token_ids) for y in b}) > 3  # the samples of one question differ
-    for x, y in zip(a, b, strict=True):
-        assert x.token_ids == y.token_ids and x.sampled == y.sampled
-        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    assert_same_rows(a, b)
     width = max(len(r.prompt_ids) for r in requests)
     length = cache_length(width + 1000, 64)
     assert set(fast._caches) == {(4, length), (16, length)}
