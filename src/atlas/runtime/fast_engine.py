@@ -235,13 +235,12 @@ class StaticEngine:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         if not requests:
             return []
-        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        before = inner.config._attn_implementation
-        inner.config._attn_implementation = PACKED_GQA
+        before = self.config._attn_implementation  # the base model's config (through peft)
+        self.config._attn_implementation = PACKED_GQA
         try:
             return self._generate(requests)
         finally:
-            inner.config._attn_implementation = before
+            self.config._attn_implementation = before
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         n = len(requests)
