@@ -58,10 +58,9 @@ from atlas.model.fused_lora import fused_lora  # noqa: E402
 from atlas.model.policy import ActorCritic  # noqa: E402
 from atlas.rl.advantages import gae_over_sampled_batch  # noqa: E402
 from atlas.rl.checkpoint import save_compact  # noqa: E402
-from atlas.rl.fused_head import output_weight, packed_token_logprobs  # noqa: E402
 from atlas.rl.losses import kl_penalty, masked_mean, policy_loss, value_loss  # noqa: E402
-from atlas.rl.packing import decoder, pack, packed_attention  # noqa: E402
-from atlas.rl.ppo import Batch, make_optimizers, make_schedulers  # noqa: E402
+from atlas.rl.packing import packed_attention  # noqa: E402
+from atlas.rl.ppo import Batch, Passes, make_optimizers, make_schedulers  # noqa: E402
 from atlas.rl.replay import replay_masks  # noqa: E402
 
 SMI_FIELDS = "timestamp,utilization.gpu,memory.used,power.draw,clocks.sm,temperature.gpu"
@@ -176,30 +175,22 @@ def micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 class Policy:
-    """The forward passes of the update on packed micro-batches."""
+    """The forward passes of the update on packed micro-batches (atlas.rl.ppo.Passes, packed),
+    micro-batches cut by a token budget."""
 
     def __init__(self, ac: ActorCritic, ppo: PPOConfig, temperature: float, micro_tokens: int):
         self.ac, self.ppo, self.temperature, self.micro_tokens = ac, ppo, temperature, micro_tokens
+        self.passes = Passes(ac, temperature, packed=True)
 
     def chunks(self, batch: Batch) -> list[list[int]]:
         return micro_batches(batch.attention.sum(-1).tolist(), self.micro_tokens)
 
-    def _hidden(self, sub: Batch):
-        packed = pack(sub.input_ids, sub.attention)
-        return packed, decoder(self.ac.peft)(**packed.model_kwargs()).last_hidden_state
-
     def logprobs(self, sub: Batch) -> torch.Tensor:
-        packed, hidden = self._hidden(sub)
-        lp, _ = packed_token_logprobs(
-            hidden, output_weight(self.ac.peft), packed, sub.masks, self.temperature
-        )
-        return lp
+        return self.passes.logprobs(sub)[0]
 
     def values(self, sub: Batch) -> torch.Tensor:
         """V of the state before token t (the critic's output at t - 1), as ppo.aligned_values."""
-        packed, hidden = self._hidden(sub)
-        v = packed.unpack(self.ac.value_head(hidden[0].float()).squeeze(-1))
-        return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)
+        return self.passes.values(sub)
 
     def sync_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Before clipping: nothing on one process (bench_gpu_dp averages over ranks here)."""

@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from atlas.config import TrainingConfig
+from atlas.config import PPOConfig, TrainingConfig
 from atlas.model.fused_lora import fused_lora
 from atlas.model.policy import ActorCritic
 from atlas.rl.fused_head import head_logprobs, output_weight, packed_token_logprobs, unpack_bitmask
 from atlas.rl.packing import decoder, pack, packed_attention
-from atlas.rl.ppo import Batch, token_logprobs
+from atlas.rl.ppo import Batch, prepare, token_logprobs, update
 from atlas.rl.replay import ReplayedMasks, masked_logprobs
 
 VOCAB = 300  # not a multiple of 32: the bitmask's last word is partly past the vocabulary
@@ -210,3 +210,82 @@ def test_fused_lora_forward_equals_peft_values_and_gradients():
     with ac.peft.disable_adapter(), fused_lora(ac.peft):  # adapters off: peft's own path
         ref = ac.peft(input_ids=ids, attention_mask=attn).logits
     assert (ref - outs[0]).abs().max() > 1e-4
+
+
+def _ppo_batch(seed: int) -> Batch:
+    """Right-padded rows whose tail was generated (some forced), a reward on each last token."""
+    lengths = [14, 6, 11, 9]
+    ids, attn = padded_batch(lengths, seed=seed)
+    sampled, rewards = torch.zeros(ids.shape), torch.zeros(ids.shape)
+    masks = []
+    for i, n in enumerate(lengths):
+        pos = torch.arange(n - 5, n)
+        masks.append(ReplayedMasks(pos, random_bitmask(ids[i, pos], seed=seed + i)))
+        sampled[i, pos[1:]] = 1.0  # the first generated token of a row was forced
+        rewards[i, n - 1] = (-1.0) ** i
+    return Batch(ids, attn, sampled, torch.zeros(ids.shape), rewards, masks)
+
+
+def _count_calls(module) -> list[int]:
+    """Count the module's forward calls (recomputes included: checkpointing skips module hooks)."""
+    calls, forward = [0], module.forward
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    module.forward = counted
+    return calls
+
+
+def test_ppo_update_moves_the_adapters_alike_through_the_packed_and_the_padded_passes():
+    """atlas.rl.ppo with remove_padding on (packed rows, varlen attention, chunked head) and
+    gradient checkpointing, against the padded path: the same old/ref log-probs and values, the
+    same losses (KL in the loss, an entropy bonus), the same step of every trainable tensor."""
+    results = {}
+    for packed in (False, True):
+        ac = ActorCritic(tiny_lm(), TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8))
+        with torch.no_grad():  # the actor off the reference (LoRA B starts at zero)
+            for p in ac.trainable("actor").values():
+                p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+        if packed:
+            ac.peft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        calls = _count_calls(ac.peft.get_base_model().model.layers[0].mlp.act_fn)
+        ppo = PPOConfig(
+            kl_mode="loss",
+            kl_coef=0.1,
+            entropy_coef=0.01,
+            micro_batch_size=3,  # two micro-batches: accumulation by token share
+            remove_padding=packed,
+            gradient_checkpointing=packed,
+        )
+        # SGD, not AdamW: its step is the gradient, so a tiny numeric gap stays tiny
+        before = {r: {n: p.detach().clone() for n, p in ac.trainable(r).items()} for r in ("actor", "critic")}
+        opts = {r: torch.optim.SGD(list(ac.trainable(r).values()), lr=0.5) for r in ("actor", "critic")}
+        batch = _ppo_batch(seed=11)
+        prep = prepare(ac, batch, ppo, temperature=0.9)
+        calls[0] = 0
+        metrics = update(ac, batch, prep, opts, None, ppo, temperature=0.9)
+        # 2 roles x 2 micro-batches forwards, and as many recomputes in the backward if checkpointed
+        assert calls[0] == (8 if packed else 4)
+        steps = {
+            r: {n: p.detach() - before[r][n] for n, p in ac.trainable(r).items()} for r in ("actor", "critic")
+        }
+        results[packed] = (prep, metrics, steps)
+        assert not ac.training  # back in eval mode for rollouts
+        assert ac.peft.get_base_model().config._attn_implementation == "sdpa"  # restored
+        assert not any("forward" in vars(m) for m in ac.modules() if hasattr(m, "lora_A"))  # peft's again
+
+    (plain, plain_m, plain_steps), (fused, fused_m, fused_steps) = results[False], results[True]
+    for key in ("old_logprobs", "ref_logprobs", "values", "advantages"):
+        a, b = getattr(plain, key), getattr(fused, key)
+        assert a.abs().max() > 1e-3, key
+        assert (a - b).abs().max() < 1e-5, key
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "critic/vf_loss", "actor/grad_norm"):
+        assert fused_m[key] == pytest.approx(plain_m[key], rel=1e-5, abs=1e-7), key
+    assert plain_m["actor/entropy"] > 1.0  # about log(300) at random init
+    for role in ("actor", "critic"):
+        moved = max(s.abs().max().item() for s in plain_steps[role].values())
+        assert moved > 1e-4, role
+        gap = max((plain_steps[role][n] - fused_steps[role][n]).abs().max().item() for n in plain_steps[role])
+        assert gap < 1e-5 * max(1.0, moved), (role, gap, moved)

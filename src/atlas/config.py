@@ -175,6 +175,24 @@ class PPOConfig(_Strict):
     )
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="Floor of the cosine schedule.")
     whiten_advantages: bool = Field(default=True, description="Whiten advantages over the batch (verl).")
+    remove_padding: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Padding removal in the update's forward passes: rows packed into one (varlen "
+        "FlashAttention-2 on a GPU) and token log-probs from a chunked output head, never the full "
+        "float32 logits (verl use_remove_padding). auto: on with a GPU (and with engine verl), off "
+        "on a CPU, where the padded path is the reference.",
+    )
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Recompute each decoder layer's activations in the backward pass instead of "
+        "keeping them (verl enable_gradient_checkpointing). auto: on with a GPU (and with engine "
+        "verl), off on a CPU.",
+    )
+
+    def on_gpu(self, key: Literal["remove_padding", "gradient_checkpointing"], cuda: bool) -> bool:
+        """The setting `key` resolved: auto means on exactly when the work runs on a GPU."""
+        value = getattr(self, key)
+        return cuda if value == "auto" else value
 
 
 RUN_NAME = r"^[a-z][a-z0-9_]*$"
@@ -241,10 +259,6 @@ class VerlConfig(_Strict):
     )
     param_offload: bool = Field(default=True, description="FSDP parameters offloaded to CPU between phases.")
     optimizer_offload: bool = Field(default=False, description="FSDP optimizer state offloaded to CPU.")
-    gradient_checkpointing: bool = Field(default=True, description="Activation recomputation in the updates.")
-    remove_padding: bool = Field(
-        default=True, description="Packed sequences in the updates (use_remove_padding)."
-    )
     ray_address: str | None = Field(
         default=None, description="Address of a running Ray cluster; null starts a local one."
     )

@@ -170,14 +170,16 @@ def packed_token_logprobs(
 
     `packed` is the atlas.rl.packing.Packed of the batch; `masks` one object per row with
     `positions` (the row's generated token indices) and `bitmask` (their masks), such as
-    atlas.rl.replay.ReplayedMasks. With entropy=True also the [B, T] entropies."""
+    atlas.rl.replay.ReplayedMasks. With entropy=True also [B, T] entropies of the raw next-token
+    distribution before each generated token (no mask, temperature 1: the PPO loss's entropy
+    bonus, as atlas.rl.ppo takes it from full logits), from a second pass of the chunked head."""
     h = hidden[0] if hidden.dim() == 3 else hidden
     if len(masks) != len(packed.lengths):
         raise ValueError(f"{len(masks)} masks for {len(packed.lengths)} packed rows")
     device = h.device
     where, bitmasks = [], []
     for row, (m, start) in enumerate(zip(masks, packed.starts, strict=True)):
-        pos = m.positions  # host tensor as replay makes it: the check costs no device sync
+        pos = m.positions.cpu()  # replay makes host tensors: then the check costs no device sync
         if pos.numel() and (int(pos.min()) < 1 or int(pos.max()) >= packed.lengths[row]):
             raise ValueError(f"row {row}: generated positions must lie in 1..{packed.lengths[row] - 1}")
         where.append(pos + start)
@@ -185,11 +187,13 @@ def packed_token_logprobs(
     at = torch.cat(where).to(device)
     ids = packed.input_ids[0].to(device)
     bitmask = torch.cat(bitmasks).to(device, non_blocking=True)
-    lp, ent = head_logprobs(h[at - 1], weight, ids[at], bitmask, temperature, chunk, entropy)
+    lp, _ = head_logprobs(h[at - 1], weight, ids[at], bitmask, temperature, chunk)
     zeros = torch.zeros(packed.tokens, dtype=torch.float32, device=device)
     lp_out = packed.unpack(zeros.index_put((at,), lp))
-    ent_out = packed.unpack(zeros.index_put((at,), ent)) if entropy else None
-    return lp_out, ent_out
+    if not entropy:
+        return lp_out, None
+    _, ent = head_logprobs(h[at - 1], weight, ids[at], None, 1.0, chunk, entropy=True)
+    return lp_out, packed.unpack(zeros.index_put((at,), ent))
 
 
 def output_weight(model) -> torch.Tensor:

@@ -15,6 +15,7 @@ tokens, prompt and tool output never enter a loss. V[:, t] is the critic's value
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -23,9 +24,12 @@ from dataclasses import dataclass
 import torch
 
 from atlas.config import PPOConfig
+from atlas.model.fused_lora import fused_lora
 from atlas.model.policy import ActorCritic
 from atlas.rl.advantages import gae_over_sampled_batch
+from atlas.rl.fused_head import output_weight, packed_token_logprobs
 from atlas.rl.losses import entropy_from_logits, kl_penalty, masked_mean, policy_loss, value_loss
+from atlas.rl.packing import decoder, pack, packed_attention
 from atlas.rl.replay import ReplayedMasks, masked_logprobs
 
 
@@ -67,7 +71,8 @@ def make_batch(
         sampled[i, :k] = torch.tensor(ep.sampled, dtype=torch.float32)
         logprobs[i, :k] = torch.tensor(ep.logprobs, dtype=torch.float32)
         rewards[i, :k] = token_rewards[i]
-    masks = [ReplayedMasks(m.positions.to(device), m.bitmask.to(device)) for m in masks]
+    # positions stay on the host: the packed path indexes with them without a device sync
+    masks = [ReplayedMasks(m.positions, m.bitmask.to(device)) for m in masks]
     return Batch(*(t.to(device) for t in (ids, attn, sampled, logprobs, rewards)), masks)
 
 
@@ -81,9 +86,76 @@ def token_logprobs(logits: torch.Tensor, batch: Batch, temperature: float) -> to
     return out
 
 
+def _shift_right(x: torch.Tensor) -> torch.Tensor:
+    """x[:, t - 1] at t, 0 at t = 0: the output read before token t belongs to token t."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+
+
 def aligned_values(ac: ActorCritic, batch: Batch) -> torch.Tensor:
-    v = ac.values(batch.input_ids, batch.attention)
-    return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)  # V before token t
+    return _shift_right(ac.values(batch.input_ids, batch.attention))  # V before token t
+
+
+class Passes:
+    """The forward passes of prepare and update, on padded rows or on packed ones.
+
+    padded  the [B, T] micro-batch through the peft model: full logits, then the replayed masks
+            (token_logprobs). The reference path, and the default on a CPU.
+    packed  padding removal: the micro-batch's rows packed into one (atlas.rl.packing; varlen
+            FlashAttention-2 on a GPU), the decoder's hidden states straight into the chunked
+            head under the same masks (atlas.rl.fused_head), so the vocab x tokens logits never
+            exist in float32; the adapters' product accumulated in the base GEMM in the base's
+            dtype (atlas.model.fused_lora: bf16 on a GPU, where peft would run them in float32).
+
+    Both give the same [B, T] log-probs, entropies (of the raw next-token distribution) and values
+    in float32; tests/test_packing.py checks that a PPO update through either moves the adapters
+    alike.
+    """
+
+    def __init__(self, ac: ActorCritic, temperature: float, packed: bool):
+        self.ac, self.temperature, self.packed = ac, temperature, packed
+
+    @classmethod
+    def for_batch(cls, ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -> Passes:
+        return cls(ac, temperature, ppo.on_gpu("remove_padding", batch.input_ids.is_cuda))
+
+    @contextlib.contextmanager
+    def active(self):
+        """The packed path's attention and LoRA forward for the block, peft's own afterwards
+        (rollouts need their attention implementation back)."""
+        with contextlib.ExitStack() as stack:
+            if self.packed:
+                stack.enter_context(packed_attention(self.ac.peft))
+                stack.enter_context(fused_lora(self.ac.peft))
+            yield self
+
+    def _hidden(self, sub: Batch):
+        packed = pack(sub.input_ids, sub.attention)
+        return packed, decoder(self.ac.peft)(**packed.model_kwargs()).last_hidden_state
+
+    def logprobs(
+        self, sub: Batch, reference: bool = False, entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, T] log-probs of the generated tokens of the active adapter (of the base model with
+        reference=True) and, with entropy=True, [B, T] entropies of the raw next-token distribution
+        before each token (0 off the generated tokens in the packed path; the loss masks both)."""
+        ac = self.ac
+        with ac.peft.disable_adapter() if reference else contextlib.nullcontext():
+            if self.packed:
+                packed, hidden = self._hidden(sub)
+                return packed_token_logprobs(
+                    hidden, output_weight(ac.peft), packed, sub.masks, self.temperature, entropy=entropy
+                )
+            logits = ac.peft(input_ids=sub.input_ids, attention_mask=sub.attention).logits
+        lp = token_logprobs(logits, sub, self.temperature)
+        return lp, (_shift_right(entropy_from_logits(logits).float()) if entropy else None)
+
+    def values(self, sub: Batch) -> torch.Tensor:
+        """[B, T] V of the state before token t, of the active critic adapter."""
+        if not self.packed:
+            return aligned_values(self.ac, sub)
+        with self.ac.role("critic"):
+            packed, hidden = self._hidden(sub)
+            return _shift_right(packed.unpack(self.ac.value_head(hidden[0].float()).squeeze(-1)))
 
 
 def _micro(indices: list[int], size: int) -> list[list[int]]:
@@ -154,25 +226,23 @@ def prepare(ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -
     """Old log-probs, reference log-probs and values in micro-batches, then GAE."""
     n, mask = batch.input_ids.shape[0], batch.sampled
     chunks = _micro(list(range(n)), ppo.micro_batch_size)
+    passes = Passes.for_batch(ac, batch, ppo, temperature)
     metrics: dict[str, float] = {}
     old_lp, ref_lp, values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
-    with torch.no_grad():
+    with torch.no_grad(), passes.active():
         t = time.perf_counter()
-        for idx in chunks:
-            sub = batch.rows(idx)
-            old_lp[idx] = token_logprobs(ac.actor_logits(sub.input_ids, sub.attention), sub, temperature)
+        with ac.role("actor"):
+            for idx in chunks:
+                old_lp[idx] = passes.logprobs(batch.rows(idx))[0]
         metrics["timing_s/old_log_prob"] = time.perf_counter() - t
         t = time.perf_counter()
         if ppo.kl_mode != "none":
             for idx in chunks:
-                sub = batch.rows(idx)
-                ref_lp[idx] = token_logprobs(
-                    ac.reference_logits(sub.input_ids, sub.attention), sub, temperature
-                )
+                ref_lp[idx] = passes.logprobs(batch.rows(idx), reference=True)[0]
         metrics["timing_s/ref"] = time.perf_counter() - t
         t = time.perf_counter()
         for idx in chunks:
-            values[idx] = aligned_values(ac, batch.rows(idx))
+            values[idx] = passes.values(batch.rows(idx))
         values = values * mask
         metrics["timing_s/values"] = time.perf_counter() - t
 
@@ -207,16 +277,19 @@ def prepare(ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -
     return Prepared(old_lp, ref_lp, values, rewards, advantages, returns, metrics)
 
 
-def _role_loss(role, ac, sub, idx, prep: Prepared, ppo: PPOConfig, temperature: float):
+def _role_loss(role: str, passes: Passes, sub: Batch, idx, prep: Prepared, ppo: PPOConfig):
     mask = sub.sampled
     if role == "critic":
-        vpred = aligned_values(ac, sub)
         out = value_loss(
-            vpred, prep.values[idx], prep.returns[idx], mask, ppo.cliprange_value, agg=ppo.loss_agg_mode
+            passes.values(sub),
+            prep.values[idx],
+            prep.returns[idx],
+            mask,
+            ppo.cliprange_value,
+            agg=ppo.loss_agg_mode,
         )
         return out["critic/vf_loss"], out
-    logits = ac.actor_logits(sub.input_ids, sub.attention)
-    lp = token_logprobs(logits, sub, temperature)
+    lp, ent = passes.logprobs(sub, entropy=bool(ppo.entropy_coef))
     out = policy_loss(
         lp,
         prep.old_logprobs[idx],
@@ -233,8 +306,7 @@ def _role_loss(role, ac, sub, idx, prep: Prepared, ppo: PPOConfig, temperature: 
         loss = loss + ppo.kl_coef * kl
         out["actor/kl_loss"], out["actor/kl_coef"] = kl, ppo.kl_coef
     if ppo.entropy_coef:  # entropy of the raw (unmasked) next-token distribution
-        ent = entropy_from_logits(logits[:, :-1]).float()
-        ent = masked_mean(torch.cat([torch.zeros_like(ent[:, :1]), ent], 1), mask)
+        ent = masked_mean(ent, mask)
         loss = loss - ppo.entropy_coef * ent
         out["actor/entropy"] = ent
     return loss, out
@@ -251,39 +323,59 @@ def update(
 ) -> dict[str, float]:
     """The critic update, then the actor update: `epochs` passes of `mini_batches` optimizer steps,
     each accumulating micro-batch gradients weighted by their share of the mini-batch's tokens."""
-    n, mask = batch.input_ids.shape[0], batch.sampled
-    mini = -(-n // ppo.mini_batches)
+    mini = -(-batch.input_ids.shape[0] // ppo.mini_batches)
+    passes = Passes.for_batch(ac, batch, ppo, temperature)
     metrics: dict[str, float] = {}
-    for role in ("critic", "actor"):
-        t = time.perf_counter()
-        params = list(ac.trainable(role).values())
-        opt = optimizers[role]
-        sums: dict[str, float] = {}
-        count = 0
-        metrics[f"{role}/lr"] = opt.param_groups[0]["lr"]
-        for _ in range(ppo.epochs):
-            for start in range(0, n, mini):
-                rows = list(range(start, min(n, start + mini)))
-                opt.zero_grad(set_to_none=True)
-                tokens = mask[rows].sum().clamp(min=1)
-                for idx in _micro(rows, ppo.micro_batch_size):
-                    sub = batch.rows(idx)
-                    weight = (mask[idx].sum() / tokens).item()  # token share of the mini-batch
-                    # backward inside the role: peft clears requires_grad of inactive adapters,
-                    # and autograd skips accumulating into a tensor that no longer requires grad
-                    with ac.role(role):
-                        loss, out = _role_loss(role, ac, sub, idx, prep, ppo, temperature)
-                        (loss * weight).backward()
-                    for k, v in out.items():
-                        sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).detach()) * weight
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, ppo.grad_clip)
-                opt.step()
-                if schedulers is not None:
-                    schedulers[role].step()
-                sums[f"{role}/grad_norm"] = sums.get(f"{role}/grad_norm", 0.0) + grad_norm.item()
-                count += 1
-        metrics.update({k: v / count for k, v in sums.items()})
-        metrics[f"timing_s/update_{role}"] = time.perf_counter() - t
+    with passes.active(), _training_mode(ac):
+        for role in ("critic", "actor"):
+            metrics.update(_update_role(role, passes, batch, prep, optimizers, schedulers, ppo, mini))
+    return metrics
+
+
+@contextlib.contextmanager
+def _training_mode(ac: ActorCritic):
+    """train() for the updates (transformers recomputes checkpointed layers only in training mode;
+    the adapters have no dropout, so nothing else changes), eval() again for rollouts."""
+    ac.train()
+    try:
+        yield
+    finally:
+        ac.eval()
+
+
+def _update_role(role, passes, batch, prep, optimizers, schedulers, ppo, mini) -> dict[str, float]:
+    """`epochs` passes of optimizer steps of one role over mini-batches of `mini` rows."""
+    n, mask, ac = batch.input_ids.shape[0], batch.sampled, passes.ac
+    metrics: dict[str, float] = {}
+    t = time.perf_counter()
+    params = list(ac.trainable(role).values())
+    opt = optimizers[role]
+    sums: dict[str, float] = {}
+    count = 0
+    metrics[f"{role}/lr"] = opt.param_groups[0]["lr"]
+    for _ in range(ppo.epochs):
+        for start in range(0, n, mini):
+            rows = list(range(start, min(n, start + mini)))
+            opt.zero_grad(set_to_none=True)
+            tokens = mask[rows].sum().clamp(min=1)
+            for idx in _micro(rows, ppo.micro_batch_size):
+                sub = batch.rows(idx)
+                weight = (mask[idx].sum() / tokens).item()  # token share of the mini-batch
+                # backward inside the role: peft clears requires_grad of inactive adapters,
+                # and autograd skips accumulating into a tensor that no longer requires grad
+                with ac.role(role):
+                    loss, out = _role_loss(role, passes, sub, idx, prep, ppo)
+                    (loss * weight).backward()
+                for k, v in out.items():
+                    sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).detach()) * weight
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, ppo.grad_clip)
+            opt.step()
+            if schedulers is not None:
+                schedulers[role].step()
+            sums[f"{role}/grad_norm"] = sums.get(f"{role}/grad_norm", 0.0) + grad_norm.item()
+            count += 1
+    metrics.update({k: v / count for k, v in sums.items()})
+    metrics[f"timing_s/update_{role}"] = time.perf_counter() - t
     return metrics
 
 

@@ -74,8 +74,12 @@ def inputs_of(args) -> list[Path]:
 
 
 def build_policy(model_dir: Path, training: TrainingConfig, seed: int, device: str):
+    """The actor-critic on the base model, with gradient checkpointing when the config asks for it
+    (it acts in the updates only: transformers recomputes layers in training mode)."""
     base, tokenizer = load_model(model_dir, device)
     ac = ActorCritic(base, training, seed=seed).to(device)
+    if training.ppo.on_gpu("gradient_checkpointing", torch.device(device).type == "cuda"):
+        ac.peft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return ac, tokenizer
 
 

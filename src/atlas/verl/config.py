@@ -226,9 +226,9 @@ def verl_overrides(cfg: AtlasConfig, run: str, paths: VerlPaths) -> list[str]:
     model = {
         "path": paths.model,
         **lora,
-        "enable_gradient_checkpointing": v.gradient_checkpointing,
+        "enable_gradient_checkpointing": ppo.on_gpu("gradient_checkpointing", cuda=True),
         # the actor's and ref's use_remove_padding interpolate this key
-        "use_remove_padding": v.remove_padding,
+        "use_remove_padding": ppo.on_gpu("remove_padding", cuda=True),
     }
     fsdp = {"param_offload": v.param_offload, "optimizer_offload": v.optimizer_offload, "model_dtype": dtype}
     ar = "actor_rollout_ref"
