@@ -328,9 +328,11 @@ def main() -> None:
                 hf_generate(model, tokenizer, requests, args.new, name.endswith("static")), args.repeats
             )
             row(name, s, tokens, args.new)
-        elif name in ("static_free", "static_grammar", "static_grammar_full"):
+        elif name in ("static_free", "static_grammar", "static_grammar_full", "static_grammar_peft"):
             engine.constrained = name != "static_free"
             engine.shrink = name != "static_grammar_full"
+            fused = engine.fuse_lora
+            engine.fuse_lora = fused and name != "static_grammar_peft"  # peft's own LoRA forward
             s, (tokens, gens) = timed(engine_run(engine, requests), args.repeats)
             steps = max(len(g.token_ids) for g in gens)
             mask = sum(g.mask_s for g in gens) / max(tokens, 1)
@@ -342,9 +344,11 @@ def main() -> None:
                 live_row_fraction=tokens / (steps * len(gens)),
                 mask_fill_us_per_token=1e6 * mask,
                 forced=sum(g.sampled.count(0) for g in gens),
+                fused_lora=engine.fuse_lora,
                 cpu_seconds=dict(engine.last_timing),  # of the last timed call
             )
             print("  cpu seconds:", {k: round(v, 3) for k, v in engine.last_timing.items()}, flush=True)
+            engine.fuse_lora = fused
         elif name == "agreement":
             results["agreement"] = agreement(tokenizer, "2layer", 32, args.device)
             print("agreement:", json.dumps(results["agreement"]), flush=True)

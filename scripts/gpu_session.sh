@@ -43,6 +43,13 @@ if [[ $what == rollout || $what == all ]]; then
     --out "$OUT/rollout_1.7b_unique_prompts.json" 2>&1 | grep -v -i "warn\|softmax\|inductor\|important use\|^$" | tee "$OUT/rollout_1.7b_unique.log"
   [[ $what == all ]] && timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py 2>&1 | tee "$OUT/pytest_gpu_engine.txt"
 fi
+if [[ $what == lora ]]; then
+  # resources/perf/h200_rollout_1.7b_lora64.json and h200_rollout_kernels_1.7b_lora64.txt came from
+  # these lines: the actor's LoRA r64 through the engine's fused LoRA forward, and through peft's
+  timeout 420 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --samples 8 --new 128 --repeats 2 \
+    --lora 64 --variants static_free,static_grammar,static_grammar_full,static_grammar_peft --profile "$OUT" \
+    --out "$OUT/rollout_1.7b_lora64.json" 2>&1 | grep -v -i "warn\|softmax\|inductor\|important use\|^$" | tee "$OUT/rollout_1.7b_lora64.log"
+fi
 if [[ $what == train ]]; then
   # The local engine's training loop on CUDA (StaticEngine rollouts, compiled), 2 steps of the tiny
   # model (carry results/models/tiny, results/data and .gpu/train_gpu_slice.json: the
@@ -53,7 +60,7 @@ if [[ $what == train ]]; then
     | grep -v -i "warn\|softmax\|inductor\|important use\|^$" | tail -60 | tee "$OUT/train_gpu.log"
   python3 -c "import json, sys, pyarrow.parquet as pq; rows = pq.read_table(sys.argv[1]).to_pylist(); \
 json.dump(rows, open(sys.argv[2], 'w'), indent=1, default=str); \
-[print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k.startswith(('step', 'timing_s/', 'perf/', 'reward'))}) for r in rows]" \
+[print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k.startswith(('step', 'timing_s/', 'perf/', 'reward', 'rollout/'))}) for r in rows]" \
     "$OUT/run/step_metrics.parquet" "$OUT/train_gpu_metrics.json" | tee -a "$OUT/train_gpu.log"
   rm -rf "$OUT/checkpoints" "$OUT/run"
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_engine.py tests/test_gpu_packing.py 2>&1 | tail -3 | tee "$OUT/pytest_gpu.txt"

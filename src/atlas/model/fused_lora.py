@@ -41,7 +41,7 @@ def _fast_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         or name in self.lora_variant
         or not isinstance(self.lora_dropout[name], torch.nn.Identity)
     ):
-        return self._peft_forward(x, *args, **kwargs)
+        return type(self).forward(self, x, *args, **kwargs)  # peft's own
     result = self.base_layer(x)
     a = self.lora_A[name].weight.to(result.dtype)
     b = self.lora_B[name].weight.to(result.dtype)
@@ -52,17 +52,25 @@ def _fast_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     return out.view(result.shape)
 
 
+def has_lora(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, LoraLinear) for m in model.modules())
+
+
 @contextlib.contextmanager
 def fused_lora(model: torch.nn.Module):
-    """Give every peft lora.Linear in `model` the fused forward for the block's duration."""
+    """Give every peft lora.Linear in `model` the fused forward for the block's duration.
+
+    Each layer keeps one bound fused forward across blocks, so a compiled graph that saw it once
+    (torch.compile guards on the module's `forward`) is reused by the next block, not retraced."""
     layers = [m for m in model.modules() if isinstance(m, LoraLinear)]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no peft LoRA linear layers to fuse")
     for m in layers:
-        m._peft_forward = m.forward
-        m.forward = types.MethodType(_fast_forward, m)
+        if "_atlas_fused_forward" not in vars(m):
+            m._atlas_fused_forward = types.MethodType(_fast_forward, m)
+        m.forward = m._atlas_fused_forward
     try:
         yield model
     finally:
         for m in layers:
-            del m.forward, m._peft_forward  # back to the class's forward
+            vars(m).pop("forward", None)  # back to the class's forward
