@@ -45,9 +45,9 @@ if [[ $what == rollout || $what == all ]]; then
 fi
 if [[ $what == lora ]]; then
   # resources/perf/h200_rollout_1.7b_lora64.json and h200_rollout_kernels_1.7b_lora64.txt came from
-  # these lines: the actor's LoRA r64 through the engine's fused LoRA forward, and through peft's
-  timeout 420 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --samples 8 --new 128 --repeats 2 \
-    --lora 64 --variants static_free,static_grammar,static_grammar_full,static_grammar_peft --profile "$OUT" \
+  # these lines: the actor's LoRA r64 through the engine's fused LoRA forward (h200_rollout_1.7b_lora64_peft.json: through peft's, before)
+  timeout 460 python3 scripts/bench_gpu_rollout.py --shape 1.7b --batch 256 --samples 8 --new 128 --repeats 2 \
+    --lora 64 --variants static_free,static_grammar,static_grammar_full --profile "$OUT" \
     --out "$OUT/rollout_1.7b_lora64.json" 2>&1 | grep -v -i "warn\|softmax\|inductor\|important use\|^$" | tee "$OUT/rollout_1.7b_lora64.log"
 fi
 if [[ $what == train ]]; then
