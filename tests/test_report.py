@@ -285,6 +285,7 @@ def test_perf_stack_rows(pipeline):
         "committed resources/perf/h200_rollout_1.7b.json",
         "committed resources/perf/h200_rollout_1.7b_unique_prompts.json",
         "committed resources/perf/h200_rollout_1.7b_lora64.json",
+        "committed resources/perf/h200_rollout_1.7b_lora64_peft.json",
         "committed resources/perf/h200_checkpoint_1.7b.json",
         "committed resources/perf/h200_checkpoint_8b.json",
         "committed resources/perf/h200_update_8b.json",
@@ -326,6 +327,7 @@ def test_perf_stack_rows(pipeline):
         "h200_rollout_1.7b.json": {"hf_generate", *engine},
         "h200_rollout_1.7b_unique_prompts.json": engine,
         "h200_rollout_1.7b_lora64.json": engine,
+        "h200_rollout_1.7b_lora64_peft.json": engine,
     }
     report_batch = rollout["h200_rollout_1.7b.json"]["static_grammar"]  # 32 questions x 8 samples
     assert report_batch["model_shape"] == "qwen3 1.7b v151936 batch 256 lora r0 8 samples per prompt"

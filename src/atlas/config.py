@@ -435,6 +435,7 @@ class ReportConfig(_Strict):
             "resources/perf/h200_rollout_1.7b.json",
             "resources/perf/h200_rollout_1.7b_unique_prompts.json",
             "resources/perf/h200_rollout_1.7b_lora64.json",
+            "resources/perf/h200_rollout_1.7b_lora64_peft.json",
             "resources/perf/h200_checkpoint_1.7b.json",
             "resources/perf/h200_checkpoint_8b.json",
         ],
