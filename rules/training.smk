@@ -81,7 +81,7 @@ rule checks:
         "../envs/atlas.yaml"
     threads: JOB_THREADS
     params:
-        slice=lambda wc: canonical_json(config_slice(ATLAS, "training", wc.run)),
+        slice=lambda wc: canonical_json(config_slice(ATLAS, "checks", wc.run)),
         snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
     shell:
         "OMP_NUM_THREADS={threads} python -m atlas.checks.stage --config-slice {params.slice:q}"

@@ -174,3 +174,20 @@ def test_snakemake_stops_when_a_token_cap_is_below_the_grammar_bound(tmp_path):
     assert code != 0
     assert "runtime.max_generation_tokens (100) must exceed the grammar's hard bound" in out
     assert "Building DAG" not in out
+
+
+def test_checks_resume_the_first_checkpoints_and_sit_in_their_own_slice():
+    from atlas.config import ChecksConfig, config_slice, load_config
+
+    assert [ChecksConfig().resumes(i) for i in range(3)] == [True, False, False]
+    assert [ChecksConfig(resumed_steps=2).resumes(i) for i in range(3)] == [True, True, False]
+    assert all(ChecksConfig(resumed_steps="all").resumes(i) for i in range(50))
+    with pytest.raises(ValueError):
+        ChecksConfig(resumed_steps="some")
+    cfg = load_config(REPO / "config" / "config.yaml")
+    checks, training = (
+        config_slice(cfg, "checks", "zero_potential"),
+        config_slice(cfg, "training", "zero_potential"),
+    )
+    assert checks.pop("checks") == {"resumed_steps": 1}
+    assert checks == training and "checks" not in training  # changing it reruns no training

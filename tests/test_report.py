@@ -423,6 +423,15 @@ def test_verify_names_a_changed_file(pipeline, tmp_path):
     assert proc.stdout.count("MISMATCH") == 1
 
 
+def test_a_checks_setting_plans_only_the_checks_and_the_report(pipeline, tmp_path):
+    """checks.resumed_steps is in the checks' slice alone: no training or validation reruns."""
+    wf = copy_pipeline(pipeline, tmp_path / "wf", drop=("results/checkpoints",))
+    cfg = wf / "config" / "config.yaml"
+    assert "resumed_steps: 1" in cfg.read_text()
+    cfg.write_text(cfg.read_text().replace("resumed_steps: 1", "resumed_steps: all"))
+    assert jobs_to_run(wf, ["results/report25"]) == {"checks", "report"}
+
+
 def test_grader_fix_plans_only_the_grader_dependent_jobs(pipeline, tmp_path):
     wf = copy_pipeline(pipeline, tmp_path / "wf", drop=("results/checkpoints",))
     grader = wf / "src" / "atlas" / "graders" / "lcb.py"

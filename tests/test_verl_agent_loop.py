@@ -246,14 +246,16 @@ def test_potential_token_rewards_dtype():
     assert out.as_dict()["rm_scores"].dtype == torch.float32
 
 
-def test_converter_builds_the_run_folder_from_verl_shaped_outputs(played, tiny_model, data_dir, tmp_path):
+@pytest.fixture(scope="module")
+def converted(played, tiny_model, data_dir, tmp_path_factory):
+    """A run folder assembled by atlas.verl.convert from verl-shaped outputs: the played episodes
+    as one training step and two validations, two metrics files, one LoRA-only verl checkpoint."""
     import argparse
     import shutil
 
-    import polars as pl
-
     from atlas.verl import convert
 
+    tmp_path = tmp_path_factory.mktemp("converted")
     _, _, outputs, _, tmp = played
     episodes = tmp / "records" / "train" / f"global_step_{STEP}"
     records_dir = tmp_path / "episodes"
@@ -309,8 +311,15 @@ def test_converter_builds_the_run_folder_from_verl_shaped_outputs(played, tiny_m
     convert.assemble_run(
         args, root, s, name=RUN, steps=1, validated=[0, 1], module="atlas.verl.launch", code=lambda m: []
     )
+    return args, s, trained
 
-    out = tmp_path / "run"
+
+def test_converter_builds_the_run_folder_from_verl_shaped_outputs(played, converted):
+    import polars as pl
+
+    _, _, outputs, _, _ = played
+    args, _, trained = converted
+    out = args.out
     n_records = sum(len(o.extra_fields["records"]) for o in outputs)
     records = pl.read_parquet(out / "records.parquet")
     assert records.height == 3 * n_records
@@ -392,3 +401,71 @@ def test_launcher_dry_run_prepares_a_run_verl_accepts(tiny_model, data_dir, tmp_
         in overrides
     )
     assert "python" in capsys.readouterr().out and not (tmp_path / "run").exists()
+
+
+def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
+    """The distributed roundtrip (torchrun, two gloo ranks) and the checks stage on the converted
+    run: verl's shards hash-checked, the policy checkpoints round-tripped, no resumed step (verl
+    resumes from its own checkpoints), the batch arithmetic from the records."""
+    import subprocess
+    import sys
+
+    from atlas.checks import stage
+
+    args, s, _ = converted
+    distributed = tmp_path / "distributed"
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+            *("-m", "atlas.checks.distributed", "--model", str(args.model), "--run-folder", str(args.out)),
+            *("--training", json.dumps(s["training"]), "--seed", str(s["seed"]), "--out", str(distributed)),
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    out = tmp_path / "checks"
+    stage.main(
+        [
+            *("--config-slice", json.dumps(s), "--train", str(args.train), "--val", str(args.val)),
+            *(
+                "--tests",
+                str(args.tests),
+                "--model",
+                str(args.model),
+                "--checkpoints",
+                str(tmp_path / "unused"),
+            ),
+            *("--run-folder", str(args.out), "--distributed", str(distributed), "--out", str(out)),
+        ]
+    )
+    validation = json.loads((out / "checkpoint_validation.json").read_text())
+    assert validation["engine"] == "verl" and "optimizer_counts" not in validation
+    (shards,) = validation["verl_checkpoint_shards"]
+    assert shards["step"] == 1 and shards["shards"] == {"actor": {"model": 1}, "critic": {"model": 1}}
+    assert validation["exported_actor_logprob_max_abs_diff"] == 0.0
+    (roundtrip,) = json.loads((out / "cpu_roundtrip.json").read_text())["checkpoints"]
+    assert roundtrip["step"] == 1 and roundtrip["next_step_metrics_equal"] is None
+    assert roundtrip["tensors_bit_equal"] > 10 and roundtrip["probe_logprobs_equal"]
+    rows = json.loads((out / "compact_checkpoint_validation.json").read_text())["rows"]
+    assert {(r["step"], r["role"]) for r in rows} == {(1, "actor"), (1, "critic")}
+    (batch,) = json.loads((out / "batch_math.json").read_text())["steps"]
+    assert batch["trajectories"] == batch["questions"] * batch["responses_per_question"]
+    assert sorted(p.name for p in out.glob("distributed_roundtrip_rank_*.json")) == [
+        "distributed_roundtrip_rank_0.json",
+        "distributed_roundtrip_rank_1.json",
+    ]
+
+
+def test_the_checks_stage_refuses_a_changed_verl_shard(converted, tmp_path):
+    from atlas.checks.compact import CheckFailed, verl_checkpoint_shards
+
+    args, _, _ = converted
+    index = json.loads((args.out / "adapters" / "verl_checkpoints.json").read_text())
+    assert verl_checkpoint_shards(index)[0]["shards"]["critic"] == {"model": 1}
+    index[0]["files"]["critic/model_world_size_1_rank_0.pt"]["sha256"] = "0" * 64
+    with pytest.raises(CheckFailed, match="critic/model_world_size_1_rank_0.pt: sha256"):
+        verl_checkpoint_shards(index)
+    del index[0]["files"]["critic/model_world_size_1_rank_0.pt"]
+    with pytest.raises(CheckFailed, match="critic: no model shard"):
+        verl_checkpoint_shards(index)

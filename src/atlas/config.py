@@ -417,6 +417,21 @@ class ValidationConfig(_Strict):
     )
 
 
+class ChecksConfig(_Strict):
+    """The checks stage of each training run (results/checks/<run>/)."""
+
+    resumed_steps: int | Literal["all"] = Field(
+        default=1,
+        description="How many checkpoints (the first ones) the CPU roundtrip resumes from, running "
+        "the next step and comparing its metrics with the run's; each costs one training step, so "
+        "'all' doubles a run's cost. Every checkpoint still gets the tensor and probe roundtrip.",
+    )
+
+    def resumes(self, index: int) -> bool:
+        """Whether the checkpoint at position `index` (0-based, in step order) is resumed from."""
+        return self.resumed_steps == "all" or index < self.resumed_steps
+
+
 class ReportConfig(_Strict):
     """The report folder (results/report25/): which runs are the study's arms."""
 
@@ -484,6 +499,7 @@ class AtlasConfig(_Strict):
         default_factory=ValidationConfig, description="Full validation of the final policies and the base."
     )
     training: TrainingConfig = Field(description="Training shape.")
+    checks: ChecksConfig = Field(default_factory=ChecksConfig, description="The checks of each run.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Compute per job.")
     report: ReportConfig = Field(default_factory=ReportConfig, description="The report folder.")
 
@@ -563,6 +579,7 @@ STAGE_SLICES: dict[str, tuple[str, ...]] = {
     "smoke": ("seed", "runtime", "graders", "smoke", "resources"),
     "boundary": ("seed", "runtime", "graders", "resources"),
     "training": ("seed", "schedule", "runtime", "graders", "training", "resources"),
+    "checks": ("seed", "schedule", "runtime", "graders", "training", "resources", "checks"),
     "dose_step": ("seed", "schedule", "runtime", "graders", "training", "resources"),
     "validation": ("seed", "runtime", "graders", "training", "resources", "validation"),
     "report": ("study", "report"),
@@ -578,7 +595,7 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
     out = {key: dumped[key] for key in STAGE_SLICES[stage]}
     if "resources" in out:
         out["resources"] = {k: v for k, v in out["resources"].items() if k != "threads"}
-    if stage in ("training", "dose_step", "validation"):
+    if stage in ("training", "checks", "dose_step", "validation"):
         training = dict(out["training"])
         runs, dose = training.pop("runs"), training.pop("dose_step")
         if training["engine"] == "local":  # the verl knobs cannot change a local run
@@ -587,7 +604,7 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
             training = {
                 k: training[k] for k in ("lora_rank", "lora_alpha", "lora_targets", "responses_per_question")
             }
-        elif stage == "training":
+        elif stage in ("training", "checks"):  # the checks read the run's slice, and their own
             if run not in runs:
                 raise KeyError(f"no training run {run!r}; configured: {sorted(runs)}")
             training["run"] = {**runs[run], "name": run, "steps": config.run_steps(run)}

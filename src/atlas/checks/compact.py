@@ -95,6 +95,32 @@ def optimizer_counts(folder: Path) -> dict[str, dict[str, int]]:
     return out
 
 
+def verl_checkpoint_shards(index: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A verl run's own checkpoints (adapters/verl_checkpoints.json, from atlas.verl.convert): every
+    file still has the sha256 recorded at conversion, and each role has a model shard. Per step,
+    the shard count by kind (model, optim, extra_state) and role: verl keeps the optimizer there."""
+    rows = []
+    for c in index:
+        kinds: dict[str, dict[str, int]] = {}
+        for rel, entry in sorted(c["files"].items()):
+            path = Path(c["path"]) / rel
+            if not path.is_file():
+                raise CheckFailed(f"{path}: missing; verl_checkpoints.json lists it")
+            if (digest := sha256_file(path)) != entry["sha256"]:
+                raise CheckFailed(
+                    f"{path}: sha256 {digest}, verl_checkpoints.json recorded {entry['sha256']}"
+                )
+            role, _, name = rel.partition("/")
+            kind = name.split("_world_size_")[0] if "_world_size_" in name else "other"
+            kinds.setdefault(role, {}).setdefault(kind, 0)
+            kinds[role][kind] += 1
+        for role in ROLES:
+            if not kinds.get(role, {}).get("model"):
+                raise CheckFailed(f"{c['path']}/{role}: no model shard (model_world_size_<W>_rank_<r>.pt)")
+        rows.append({"step": c["global_step"], "path": c["path"], "shards": kinds})
+    return rows
+
+
 def adapter_hashes(adapters: Path) -> dict[str, str]:
     return {
         p.relative_to(adapters).as_posix(): sha256_file(p) for p in sorted(adapters.rglob("*")) if p.is_file()

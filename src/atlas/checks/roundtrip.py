@@ -6,6 +6,10 @@ cpu_roundtrip, for each checkpoint step_k of a run:
     and the critic's values on a fixed probe batch, bit-equal between A and B;
     resume from A: the next step (k) gives exactly the metrics the run journaled for step k
     (measured columns, timing_s/* and perf/*, left out).
+
+policy_roundtrip is the same without the resumed step, for a verl run: its optimizer and RNG
+states live in verl's own checkpoints (verl resumes from those), and its policy checkpoints hold
+the trainable tensors alone.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from safetensors.torch import load_file
 
 from atlas.checks.compact import CheckFailed
 from atlas.model.policy import ROLES, ActorCritic
-from atlas.rl.checkpoint import load_compact, save_compact
+from atlas.rl.checkpoint import load_compact, load_trainable, save_compact, save_trainable
 
 
 def probe_batch(trajectories: Path, rows: int = 2) -> torch.Tensor:
@@ -82,25 +86,20 @@ def cpu_roundtrip(
     open_fresh, folder: Path, step: int, next_metrics: dict | None, ids: torch.Tensor, train_step
 ) -> dict:
     """`open_fresh()` gives a new training session (atlas.rl.train.Session); `train_step(sess, k)`
-    runs step k; `next_metrics` are the journaled metrics of step `step` (None after the last)."""
+    runs step k; `next_metrics` are the journaled metrics of step `step` (None: no resumed step,
+    after the last checkpoint or past checks.resumed_steps)."""
     a = open_fresh()
     state = load_compact(folder, a.ac, a.optimizers, a.schedulers)
     if state["step"] != step:
         raise CheckFailed(f"{folder / 'state.json'}: step {state['step']}, expected {step}")
-    checked = tensors_match_file(a.ac, folder)
-    before = probes(a.ac, ids)
-    with tempfile.TemporaryDirectory(prefix="atlas-roundtrip-") as tmp:
+
+    def save_load(tmp: str) -> ActorCritic:
         again = save_compact(tmp, step, a.ac, a.optimizers, a.schedulers, state["extra"])
         b = open_fresh()
         load_compact(again, b.ac, b.optimizers, b.schedulers)
-        tensors_match_file(b.ac, folder)
-        after = probes(b.ac, ids)
-    for key in before:
-        if not torch.equal(before[key], after[key]):
-            diff = (before[key] - after[key]).abs().max().item()
-            raise CheckFailed(
-                f"{folder}: {key} on the probe batch differ after a save/load roundtrip (max {diff})"
-            )
+        return b.ac
+
+    checked = _save_load_probes(a.ac, folder, ids, save_load)
     resumed = None
     if next_metrics is not None:
         load_compact(folder, a.ac, a.optimizers, a.schedulers)  # the RNGs as saved, again
@@ -115,7 +114,49 @@ def cpu_roundtrip(
         "probe_tokens": int(ids.numel()),
         "probe_logprobs_equal": True,
         "probe_values_equal": True,
-        "next_step_metrics_equal": resumed,  # number of metrics compared; None after the last step
+        "next_step_metrics_equal": resumed,  # number of metrics compared; None if not resumed
+    }
+
+
+def _save_load_probes(a: ActorCritic, folder: Path, ids: torch.Tensor, save_load) -> int:
+    """A's tensors equal the file's; `save_load(tmp)` saves A and loads that into a fresh policy
+    B, whose tensors and probes must equal A's. Returns the number of tensors checked."""
+    checked = tensors_match_file(a, folder)
+    before = probes(a, ids)
+    with tempfile.TemporaryDirectory(prefix="atlas-roundtrip-") as tmp:
+        b = save_load(tmp)
+        tensors_match_file(b, folder)
+        after = probes(b, ids)
+    for key in before:
+        if not torch.equal(before[key], after[key]):
+            diff = (before[key] - after[key]).abs().max().item()
+            raise CheckFailed(
+                f"{folder}: {key} on the probe batch differ after a save/load roundtrip (max {diff})"
+            )
+    return checked
+
+
+def policy_roundtrip(fresh_policy, folder: Path, step: int, ids: torch.Tensor) -> dict:
+    """`fresh_policy()` gives a new ActorCritic; `folder` holds {actor,critic}.safetensors only."""
+    a = fresh_policy()
+    load_trainable(folder, a)
+
+    def save_load(tmp: str) -> ActorCritic:
+        save_trainable(Path(tmp), a)
+        b = fresh_policy()
+        load_trainable(tmp, b)
+        return b
+
+    return {
+        "step": step,
+        "checkpoint": folder.as_posix(),
+        "tensors_bit_equal": _save_load_probes(a, folder, ids, save_load),
+        "all_finite": True,
+        "probe_rows": int(ids.shape[0]),
+        "probe_tokens": int(ids.numel()),
+        "probe_logprobs_equal": True,
+        "probe_values_equal": True,
+        "next_step_metrics_equal": None,  # verl resumes from its own checkpoints, not these
     }
 
 

@@ -38,11 +38,20 @@ from atlas.checks.compact import (
     compact_checkpoint_validation,
     optimizer_counts,
     read_json,
+    verl_checkpoint_shards,
 )
-from atlas.checks.roundtrip import batch_math, cpu_roundtrip, next_token_logprobs, probe_batch, probes
+from atlas.checks.roundtrip import (
+    batch_math,
+    cpu_roundtrip,
+    next_token_logprobs,
+    policy_roundtrip,
+    probe_batch,
+    probes,
+)
+from atlas.config import ChecksConfig, ResourcesConfig, TrainingConfig
 from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
-from atlas.rl.checkpoint import load_compact
-from atlas.rl.train import inputs_of, open_session, parser, train_step
+from atlas.rl.checkpoint import load_trainable
+from atlas.rl.train import build_policy, inputs_of, open_session, parser, train_step
 from atlas.stage import code_files, log, run
 
 MODULE = "atlas.checks.stage"
@@ -86,14 +95,14 @@ def timing_rows(metrics: list[dict], samples: list[dict]) -> list[dict]:
     return rows
 
 
-def exported_actor_reproduces(model_dir: Path, adapters: Path, sess, ids: torch.Tensor) -> float:
+def exported_actor_reproduces(model_dir: Path, adapters: Path, ac, ids: torch.Tensor) -> float:
     """Max |log-prob difference| between the exported actor (peft) and the checkpointed actor."""
     peft_model = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(model_dir), adapters / "actor"
     )
     with torch.no_grad():
         exported = next_token_logprobs(peft_model(input_ids=ids).logits, ids)
-    return (exported - probes(sess.ac, ids)["actor_logprobs"]).abs().max().item()
+    return (exported - probes(ac, ids)["actor_logprobs"]).abs().max().item()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,29 +120,42 @@ def main(argv: list[str] | None = None) -> None:
     by_step = {m["step"]: m for m in metrics}
     ids = probe_batch(folder / "trajectories.parquet")
 
+    training = TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"})
+    resources = ResourcesConfig.model_validate(s["resources"])
+    verl = training.engine == "verl"  # policy checkpoints only; optimizer and RNG stay in verl's
+
     def open_fresh():
         return open_session(s, args)
 
+    def fresh_policy():
+        return build_policy(args.model, training, s["seed"], resources.device)[0]
+
+    checks = ChecksConfig.model_validate(s.get("checks", {}))
     compact, optim, roundtrips = [], [], []
-    for c in index["checkpoints"]:
+    for i, c in enumerate(index["checkpoints"]):
         ckpt, k = Path(c["path"]), c["step"]
         compact.extend(compact_checkpoint_validation(ckpt, base_names, step=k))
-        optim.append({"step": k, **optimizer_counts(ckpt)})
-        roundtrips.append(cpu_roundtrip(open_fresh, ckpt, k, by_step.get(k), ids, train_step))
+        if verl:
+            roundtrips.append(policy_roundtrip(fresh_policy, ckpt, k, ids))
+        else:
+            optim.append({"step": k, **optimizer_counts(ckpt)})
+            resume = by_step.get(k) if checks.resumes(i) else None
+            roundtrips.append(cpu_roundtrip(open_fresh, ckpt, k, resume, ids, train_step))
         log(name, "checkpoint checked", step=k)
+    if verl:
+        optim = verl_checkpoint_shards(read_json(folder / "adapters" / "verl_checkpoints.json"))
 
-    last = open_fresh()
-    load_compact(Path(index["checkpoints"][-1]["path"]), last.ac, last.optimizers, last.schedulers)
+    last = fresh_policy()
+    load_trainable(Path(index["checkpoints"][-1]["path"]), last)
     gap = exported_actor_reproduces(args.model, folder / "adapters", last, ids)
     if gap != 0.0:
         raise CheckFailed(
             f"{folder / 'adapters/actor'}: exported actor log-probs differ by {gap} from the last checkpoint's"
         )
-    training = last.training
     batches = batch_math(
         pq.read_table(folder / "records.parquet").to_pylist(),
         pq.read_table(folder / "trajectories.parquet").to_pylist(),
-        steps=last.steps,
+        steps=s["training"]["run"]["steps"],
         questions=s["schedule"]["questions_per_step"],
         responses=training.responses_per_question,
         ppo=training.ppo,
@@ -157,18 +179,23 @@ def main(argv: list[str] | None = None) -> None:
             tmp / "checkpoint_validation.json",
             {
                 "run": name,
-                "optimizer_counts": optim,
+                "engine": training.engine,
+                # local: AdamW state per trainable tensor; verl: its own checkpoints' shards
+                ("verl_checkpoint_shards" if verl else "optimizer_counts"): optim,
                 "exported_adapters": adapter_hashes(folder / "adapters"),
                 "exported_actor_logprob_max_abs_diff": gap,
             },
         )
-        atomic_write_json(tmp / "cpu_roundtrip.json", {"run": name, "checkpoints": roundtrips})
+        atomic_write_json(
+            tmp / "cpu_roundtrip.json",
+            {"run": name, "resumed_steps": checks.resumed_steps, "checkpoints": roundtrips},
+        )
         atomic_write_json(tmp / "batch_math.json", {"run": name, "steps": batches})
         atomic_write_json(
             tmp / "timing_analysis.json",
             {
                 "run": name,
-                "device": "cpu",
+                "device": resources.device,
                 "steps": timing_rows(metrics, read_json(folder / "device_samples.json")),
             },
         )

@@ -53,6 +53,28 @@ def _load_optimizer(
     opt.load_state_dict({"state": state, "param_groups": groups})
 
 
+def save_trainable(folder: Path, model: ActorCritic) -> None:
+    """{actor,critic}.safetensors: each role's trainable tensors by name (the policy alone)."""
+    for role in ROLES:
+        params = model.trainable(role)
+        save_file(
+            {n: params[n].detach().contiguous() for n in sorted(params)}, str(folder / f"{role}.safetensors")
+        )
+
+
+def load_trainable(folder: str | Path, model: ActorCritic) -> None:
+    """Copy {actor,critic}.safetensors into the policy; the names must be exactly its trainable ones."""
+    for role in ROLES:
+        path = Path(folder) / f"{role}.safetensors"
+        params, saved = model.trainable(role), load_file(str(path))
+        if set(saved) != set(params):
+            missing, extra = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
+            raise ValueError(f"{path}: tensors missing {missing[:3]}, unexpected {extra[:3]}")
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(saved[name])
+
+
 def save_compact(
     root: str | Path,
     step: int,
@@ -65,10 +87,9 @@ def save_compact(
     out = Path(root) / f"step_{step}"
     state: dict[str, Any] = {"step": step, "extra": extra, "param_groups": {}, "schedulers": {}}
     with atomic_dir(out) as tmp:
+        save_trainable(tmp, model)
         for role in ROLES:
-            params = model.trainable(role)
-            names = sorted(params)
-            save_file({n: params[n].detach().contiguous() for n in names}, str(tmp / f"{role}.safetensors"))
+            names = sorted(model.trainable(role))
             tensors, groups = _optimizer_tensors(optimizers[role], names)
             save_file(tensors, str(tmp / f"optim_{role}.safetensors"))
             state["param_groups"][role] = groups
@@ -93,17 +114,9 @@ def load_compact(
     """Restore tensors, optimizer and scheduler states and RNGs; return the saved state.json."""
     path = Path(path)
     state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    load_trainable(path, model)
     for role in ROLES:
         params = model.trainable(role)
-        saved = load_file(str(path / f"{role}.safetensors"))
-        if set(saved) != set(params):
-            missing, extra = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
-            raise ValueError(
-                f"{path / f'{role}.safetensors'}: tensors missing {missing[:3]}, unexpected {extra[:3]}"
-            )
-        with torch.no_grad():
-            for name, p in params.items():
-                p.copy_(saved[name])
         _load_optimizer(
             optimizers[role],
             sorted(params),
