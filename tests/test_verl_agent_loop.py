@@ -411,8 +411,11 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
     import sys
 
     from atlas.checks import stage
+    from atlas.checks.compact import CheckFailed
 
     args, s, _ = converted
+    # the launcher's slice: engine verl, and the one step the converted run has
+    s = {**s, "training": {**s["training"], "engine": "verl", "run": {**s["training"]["run"], "steps": 1}}}
     distributed = tmp_path / "distributed"
     subprocess.run(
         [
@@ -424,21 +427,23 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
         capture_output=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
+
+    def checks(config: dict, out: Path) -> None:
+        stage.main(
+            [
+                *("--config-slice", json.dumps(config), "--train", str(args.train)),
+                *("--val", str(args.val), "--tests", str(args.tests), "--model", str(args.model)),
+                *("--checkpoints", str(tmp_path / "unused"), "--run-folder", str(args.out)),
+                *("--distributed", str(distributed), "--out", str(out)),
+            ]
+        )
+
+    local = {**s, "training": {**s["training"], "engine": "local"}}
+    with pytest.raises(CheckFailed, match="run.json: a verl run; the config's training.engine is local"):
+        checks(local, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
     out = tmp_path / "checks"
-    stage.main(
-        [
-            *("--config-slice", json.dumps(s), "--train", str(args.train), "--val", str(args.val)),
-            *(
-                "--tests",
-                str(args.tests),
-                "--model",
-                str(args.model),
-                "--checkpoints",
-                str(tmp_path / "unused"),
-            ),
-            *("--run-folder", str(args.out), "--distributed", str(distributed), "--out", str(out)),
-        ]
-    )
+    checks(s, out)
     validation = json.loads((out / "checkpoint_validation.json").read_text())
     assert validation["engine"] == "verl" and "optimizer_counts" not in validation
     (shards,) = validation["verl_checkpoint_shards"]

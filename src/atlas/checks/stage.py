@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> None:
     training = TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"})
     resources = ResourcesConfig.model_validate(s["resources"])
     verl = training.engine == "verl"  # policy checkpoints only; optimizer and RNG stay in verl's
+    made_by = read_json(folder / "run.json").get("engine", "local")
+    if made_by != training.engine:
+        raise CheckFailed(
+            f"{folder / 'run.json'}: a {made_by} run; the config's training.engine is {training.engine}"
+        )
 
     def open_fresh():
         return open_session(s, args)
