@@ -4,9 +4,12 @@
         compact_checkpoint_validation.json  per step, role and rank: trainable names, critic head
                                             keys, file sizes, finite checks, no base weight
         checkpoint_validation.json          per step: optimizer states = trainable tensors, per
-                                            role; the exported adapters' hashes; the exported
-                                            actor, loaded with peft, reproduces the actor's log-probs
-        cpu_roundtrip.json                  per checkpoint (see atlas.checks.roundtrip)
+                                            role (a verl run: its shards, hash-checked); the
+                                            exported adapters' hashes; the exported actor, loaded
+                                            with peft, reproduces the actor's log-probs
+        cpu_roundtrip.json                  per checkpoint (see atlas.checks.roundtrip); the first
+                                            checks.resumed_steps are resumed from (a verl run's
+                                            none: verl resumes from its own checkpoints)
         distributed_roundtrip_rank_<r>.json FSDP2, world size 2 (see atlas.checks.distributed)
         batch_math.json                     per step: questions, trajectories, ... vs the config
         timing_analysis.json                per step: native phase times, peak memory, and the
@@ -14,7 +17,8 @@
         MANIFEST.json
 
 Any failed check stops the stage with a message naming the file and the tensor; nothing is
-written then. The config slice is the training run's own, so the checks rerun with the run.
+written then. The config slice is the training run's own plus `checks`, so the checks rerun
+with the run, and a change to `checks` reruns the checks alone.
 
     python -m atlas.checks.stage --config-slice '{...}' --train ... --val ... --tests ... \
         --model results/models/tiny [--snapshot ...] --checkpoints results/checkpoints/<run> \
