@@ -18,6 +18,9 @@ rule train:
         "results/logs/train_{run}.log",
     wildcard_constraints:
         run="|".join(TRAINING_RUNS),
+    # Training runs first: they are the longest jobs, and an arm that freezes another run's critic
+    # waits for that run, so starting them early shortens the whole pipeline.
+    priority: 10
     conda:
         "../envs/atlas.yaml"
     threads: JOB_THREADS  # resources.threads: torch uses every thread it is given

@@ -423,13 +423,14 @@ def test_verify_names_a_changed_file(pipeline, tmp_path):
     assert proc.stdout.count("MISMATCH") == 1
 
 
-def test_a_checks_setting_plans_only_the_checks_and_the_report(pipeline, tmp_path):
-    """checks.resumed_steps is in the checks' slice alone: no training or validation reruns."""
+def test_a_checks_setting_plans_only_the_checks_and_the_report_again(pipeline, tmp_path):
+    """checks.resumed_steps is in the checks' slice alone: no training or validation reruns (the
+    distributed roundtrip does: its rank files are a temp() input of the checks)."""
     wf = copy_pipeline(pipeline, tmp_path / "wf", drop=("results/checkpoints",))
     cfg = wf / "config" / "config.yaml"
     assert "resumed_steps: 1" in cfg.read_text()
     cfg.write_text(cfg.read_text().replace("resumed_steps: 1", "resumed_steps: all"))
-    assert jobs_to_run(wf, ["results/report25"]) == {"checks", "report"}
+    assert jobs_to_run(wf, ["results/report25"]) == {"distributed_roundtrip", "checks", "report"}
 
 
 def test_grader_fix_plans_only_the_grader_dependent_jobs(pipeline, tmp_path):
