@@ -146,9 +146,8 @@ class StaticEngine:
             else self._decode
         )
         self._pick_fn = torch.compile(self._pick, dynamic=False) if self.compiled else self._pick
-        # Compiled, the actor's LoRA runs as one GEMM with the base, from copies of the adapter
-        # weights in the model's dtype (atlas.model.fused_lora): fewer graph nodes than peft's
-        # forward, whose count bounds the step (h200_rollout_1.7b_lora64{,_peft}.json).
+        # Compiled, the actor's LoRA runs fused into the base GEMM (atlas.model.fused_lora), with
+        # fewer graph nodes than peft's forward (h200_rollout_1.7b_lora64{,_peft}.json).
         self.fuse_lora = self.compiled and has_lora(model)
 
     def _cache(self, batch: int, length: int) -> StaticCache:
@@ -244,8 +243,7 @@ class StaticEngine:
         before = self.config._attn_implementation  # the base model's config (through peft)
         self.config._attn_implementation = PACKED_GQA
         try:
-            fused = fused_lora(self.model, copies=self.dtype) if self.fuse_lora else contextlib.nullcontext()
-            with fused:
+            with fused_lora(self.model) if self.fuse_lora else contextlib.nullcontext():
                 return self._generate(requests)
         finally:
             self.config._attn_implementation = before
