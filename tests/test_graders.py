@@ -586,3 +586,27 @@ def test_string_hashing_is_stable_across_runs(scratch_root):
     code = "print(list({'alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta'}))"
     outputs = {run_program(code, limits=LIMITS).stdout for _ in range(4)}
     assert len(outputs) == 1
+
+
+def test_left_behind_programs_are_counted_per_owning_process(tmp_path):
+    """A stage asks only about the programs it started: a scratch directory of another process (a
+    job grading beside it) is not its own, and a stray program in one of its own is."""
+    import os
+    import time
+
+    from atlas.graders.sandbox import scratch_prefix
+
+    other = tmp_path / f"{scratch_prefix(os.getpid() + 1)}x"
+    mine = tmp_path / f"{scratch_prefix()}y"
+    for d in (other, mine):
+        d.mkdir()
+    stray = [subprocess.Popen(["sleep", "30"], cwd=d) for d in (other, mine)]
+    try:
+        time.sleep(0.2)
+        assert sandboxed_processes(os.getpid()) == [stray[1].pid]
+        assert sandboxed_processes(os.getpid() + 1) == [stray[0].pid]
+        assert {p.pid for p in stray} <= set(sandboxed_processes())
+    finally:
+        for p in stray:
+            p.kill()
+            p.wait()

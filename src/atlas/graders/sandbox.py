@@ -287,10 +287,18 @@ def _processes() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def sandboxed_processes() -> list[int]:
-    """Live processes whose working directory is a sandbox scratch directory (any run's).
+def scratch_prefix(owner: int | None = None) -> str:
+    """Scratch directory names of the programs process `owner` (default: this one) runs; grading
+    threads share their process's pid, so a stage's programs all carry its own."""
+    return f"{SCRATCH_PREFIX}{os.getpid() if owner is None else owner}-"
+
+
+def sandboxed_processes(owner: int | None = None) -> list[int]:
+    """Live processes whose working directory is a sandbox scratch directory: of any run, or with
+    `owner` only of the programs that process started (other jobs may be grading beside it).
 
     A program's command line is just `python ... main.py`; its working directory names the run."""
+    prefix = SCRATCH_PREFIX if owner is None else scratch_prefix(owner)
     found = []
     for pid in _processes():
         try:
@@ -298,7 +306,7 @@ def sandboxed_processes() -> list[int]:
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue  # gone since the listing, or a kernel thread
         state = _stat(pid)
-        if os.path.basename(cwd).startswith(SCRATCH_PREFIX) and state is not None and state[0] != "Z":
+        if os.path.basename(cwd).startswith(prefix) and state is not None and state[0] != "Z":
             found.append(pid)
     return found
 
@@ -383,7 +391,7 @@ def run_program(
         )
     command_head = [*_rlimit_prefix(limits), *(prefix or ())]
     fs_isolated = prefix is not None and _fs_isolation()
-    scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
+    scratch = tempfile.mkdtemp(prefix=scratch_prefix())
     if fs_isolated:
         command_head = [
             prefix[0],

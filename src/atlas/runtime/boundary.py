@@ -19,6 +19,7 @@ The stage fails (after printing the report) when any check fails.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,11 @@ def _gen_ids(ep: Episode, turn: int) -> list[int]:
     return ep.token_ids[g.start : g.end]
 
 
+def left_behind() -> list[int]:
+    """This stage's sandboxed programs still alive (other jobs may be grading beside it)."""
+    return sandboxed_processes(os.getpid())
+
+
 def _program_checks(status: set[str], graders: GraderConfig, needle: str | None = None):
     def checks(ep: Episode, rt: Runtime):
         r = ep.records[0]
@@ -70,7 +76,7 @@ def _program_checks(status: set[str], graders: GraderConfig, needle: str | None 
                 r.timing_s_tool <= graders.test_timeout_s + 1,
                 round(r.timing_s_tool, 3),
             ),
-            ("no sandboxed process left behind", not sandboxed_processes(), sandboxed_processes()),
+            ("no sandboxed process left behind", not left_behind(), left_behind()),
             ("the episode went on and completed", ep.end_reason == "submit", ep.end_reason),
         ]
         if needle is not None:
