@@ -105,6 +105,11 @@ def cpu_roundtrip(
         load_compact(folder, a.ac, a.optimizers, a.schedulers)  # the RNGs as saved, again
         _, metrics = train_step(a, step)
         resumed = same_metrics(metrics, next_metrics, f"{folder}: resuming into step {step}")
+    return _record(step, folder, checked, ids, resumed)
+
+
+def _record(step: int, folder: Path, checked: int, ids: torch.Tensor, resumed: int | None) -> dict:
+    """A checkpoint's cpu_roundtrip.json entry, once every check above it has passed."""
     return {
         "step": step,
         "checkpoint": folder.as_posix(),
@@ -147,17 +152,8 @@ def policy_roundtrip(fresh_policy, folder: Path, step: int, ids: torch.Tensor) -
         load_trainable(tmp, b)
         return b
 
-    return {
-        "step": step,
-        "checkpoint": folder.as_posix(),
-        "tensors_bit_equal": _save_load_probes(a, folder, ids, save_load),
-        "all_finite": True,
-        "probe_rows": int(ids.shape[0]),
-        "probe_tokens": int(ids.numel()),
-        "probe_logprobs_equal": True,
-        "probe_values_equal": True,
-        "next_step_metrics_equal": None,  # verl resumes from its own checkpoints, not these
-    }
+    # no resumed step: verl resumes from its own checkpoints, not these
+    return _record(step, folder, _save_load_probes(a, folder, ids, save_load), ids, None)
 
 
 def batch_math(records, trajectories, *, steps: int, questions: int, responses: int, ppo) -> list[dict]:
