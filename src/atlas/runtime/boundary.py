@@ -69,6 +69,7 @@ def left_behind() -> list[int]:
 def _program_checks(status: set[str], graders: GraderConfig, needle: str | None = None):
     def checks(ep: Episode, rt: Runtime):
         r = ep.records[0]
+        alive = left_behind()  # one scan: the check and what it observed are the same reading
         out = [
             (f"tool status in {sorted(status)}", r.tool_status in status, r.tool_status),
             (
@@ -76,7 +77,7 @@ def _program_checks(status: set[str], graders: GraderConfig, needle: str | None 
                 r.timing_s_tool <= graders.test_timeout_s + 1,
                 round(r.timing_s_tool, 3),
             ),
-            ("no sandboxed process left behind", not left_behind(), left_behind()),
+            ("no sandboxed process left behind", not alive, alive),
             ("the episode went on and completed", ep.end_reason == "submit", ep.end_reason),
         ]
         if needle is not None:
