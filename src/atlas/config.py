@@ -121,6 +121,19 @@ class ModelConfig(_Strict):
     tiny: TinyModelConfig | None = Field(
         default=None, description="Spec of the locally built model; required when path is null."
     )
+    shape: Literal["tiny", "1.7b", "8b"] = Field(
+        default="tiny",
+        description="Dimensions of the built model: tiny takes them from `tiny`; 1.7b and 8b are "
+        "Qwen3-1.7B's and Qwen3-8B's (atlas.model.shapes; `tiny` still gives seed, corpus and "
+        "max_position_embeddings). Built models of these shapes are saved in bf16.",
+    )
+    tokenizer: Literal["corpus", "synthetic-151k"] = Field(
+        default="corpus",
+        description="Tokenizer of the built model: corpus trains a BPE of "
+        "tiny.tokenizer_vocab_size on tiny.corpus; synthetic-151k trains one of 151,936 tokens "
+        "(a Qwen3 vocabulary's size) on seeded random words, so the output head and the grammar "
+        "masks have a real model's width.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -128,6 +141,8 @@ class ModelConfig(_Strict):
             raise ValueError("set either model.path (a real model) or model.tiny (build one)")
         if self.path is not None and self.tiny is not None:
             raise ValueError("set only one of model.path and model.tiny")
+        if self.path is not None and (self.shape != "tiny" or self.tokenizer != "corpus"):
+            raise ValueError("model.shape and model.tokenizer describe a built model: leave them unset with model.path")
         return self
 
 
@@ -163,6 +178,13 @@ class PPOConfig(_Strict):
     micro_batch_size: int = Field(
         default=8, ge=1, description="Trajectories per forward/backward; gradients accumulate."
     )
+    micro_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Token budget of one forward/backward: consecutive trajectories while their "
+        "tokens fit (a longer one goes alone), instead of micro_batch_size rows (verl "
+        "ppo_max_token_len_per_gpu with use_dynamic_bsz). Null: cut by micro_batch_size.",
+    )
     grad_clip: float = Field(default=1.0, gt=0, description="Max global grad norm per optimizer step.")
     actor_lr: float = Field(default=1e-6, gt=0, description="AdamW learning rate of the actor LoRA.")
     critic_lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate of the critic LoRA + head.")
@@ -187,6 +209,13 @@ class PPOConfig(_Strict):
         description="Recompute each decoder layer's activations in the backward pass instead of "
         "keeping them (verl enable_gradient_checkpointing). auto: on with a GPU (and with engine "
         "verl), off on a CPU.",
+    )
+
+    liger: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Liger's Triton kernels (RMSNorm, SwiGLU, RoPE) in the update's forward and "
+        "backward passes (the `gpu` extra: liger-kernel). auto: on with a GPU when liger-kernel is "
+        "installed; true fails without it.",
     )
 
     def on_gpu(self, key: Literal["remove_padding", "gradient_checkpointing"], cuda: bool) -> bool:
@@ -287,6 +316,13 @@ class TrainingConfig(_Strict):
         default="all-linear",
         description="Modules the adapters wrap: 'all-linear' (every linear layer but the output head) "
         "or a list of module names.",
+    )
+    merged_rollouts: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Rollouts and validation sample from a bf16 copy of the base with the actor's "
+        "LoRA folded in (atlas.model.merged), refreshed before each rollout, instead of through "
+        "the adapter layers: plain linear layers, so a compiled decode step has no adapter nodes. "
+        "The base weights are never changed. auto: on with a GPU, off on a CPU.",
     )
     ppo: PPOConfig = Field(default_factory=PPOConfig, description="The PPO update.")
     resume_mode: Literal["auto", "disable"] = Field(

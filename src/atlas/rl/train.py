@@ -34,6 +34,8 @@ from tqdm import tqdm
 
 from atlas.config import GraderConfig, PPOConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
 from atlas.hashing import sha256_file
+from atlas.model.liger import apply_liger, wanted
+from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
 from atlas.rl import journal, regrade, tracking
 from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, save_compact
@@ -74,13 +76,25 @@ def inputs_of(args) -> list[Path]:
 
 
 def build_policy(model_dir: Path, training: TrainingConfig, seed: int, device: str):
-    """The actor-critic on the base model, with gradient checkpointing when the config asks for it
-    (it acts in the updates only: transformers recomputes layers in training mode)."""
+    """The actor-critic on the base model, with gradient checkpointing and Liger kernels when the
+    config asks for them (both act in the updates: transformers recomputes layers in training
+    mode, and rollouts sample from their own model, see rollout_model)."""
     base, tokenizer = load_model(model_dir, device)
     ac = ActorCritic(base, training, seed=seed).to(device)
-    if training.ppo.on_gpu("gradient_checkpointing", torch.device(device).type == "cuda"):
+    cuda = torch.device(device).type == "cuda"
+    if training.ppo.on_gpu("gradient_checkpointing", cuda):
         ac.peft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if wanted(training.ppo.liger, cuda):
+        apply_liger(ac.peft)
     return ac, tokenizer
+
+
+def rollout_model(ac: ActorCritic, training: TrainingConfig, device: str) -> MergedModel | None:
+    """The merged serving copy of the actor (training.merged_rollouts), or None: sample through
+    the adapters."""
+    setting = training.merged_rollouts
+    on = torch.device(device).type == "cuda" if setting == "auto" else setting
+    return MergedModel(ac.peft, "actor") if on else None
 
 
 def build_potential(cfg: RunConfig, ac: ActorCritic, snapshot: Path | None):
@@ -142,10 +156,16 @@ class Session:
     train_rows: list[dict]
     val_questions: list[dict]
     tests: dict
+    merged: MergedModel | None = None
 
     @property
     def ppo(self) -> PPOConfig:
         return self.training.ppo
+
+    def sync_rollout_model(self) -> None:
+        """Fold the actor's current LoRA into the serving copy (after an update or a load)."""
+        if self.merged is not None:
+            self.merged.refresh()
 
 
 def open_session(s: dict, args) -> Session:
@@ -162,6 +182,7 @@ def open_session(s: dict, args) -> Session:
     ac, tokenizer = build_policy(args.model, training, seed, resources.device)
     potential = build_potential(run_cfg, ac, args.snapshot)
     optimizers = make_optimizers(ac, training.ppo)
+    merged = rollout_model(ac, training, resources.device)
     return Session(
         name=run["name"],
         steps=run["steps"],
@@ -171,13 +192,14 @@ def open_session(s: dict, args) -> Session:
         training=training,
         run_cfg=run_cfg,
         ac=ac,
-        rt=make_runtime(ac.peft, tokenizer, runtime),
+        rt=make_runtime(ac.peft if merged is None else merged.model, tokenizer, runtime),
         potential=potential,
         optimizers=optimizers,
         schedulers=make_schedulers(optimizers, training.ppo, run["steps"]),
         train_rows=read_questions(args.train),
         val_questions=smoke_slice(val_rows, training.validation_questions or len(val_rows)),
         tests=read_tests(args.tests),
+        merged=merged,
     )
 
 
@@ -187,6 +209,7 @@ def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRol
     specs = episode_specs(
         step_questions(sess.train_rows, step), sess.tests, sess.training.responses_per_question
     )
+    sess.sync_rollout_model()
     data = collect(
         sess.rt,
         specs,
@@ -240,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     def validate(done: int) -> None:
         t = time.perf_counter()
         specs = episode_specs(sess.val_questions, sess.tests, training.validation_samples)
+        sess.sync_rollout_model()
         episodes = rollout(
             sess.rt, specs, sess.runtime, sess.graders, run=name, step=done, phase="val", seed=sess.seed
         )
