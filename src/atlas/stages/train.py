@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         if wandb_run is not None:
             wandb_run.log(validation_log(rows) | {"timing_s/testing": time.perf_counter() - t}, step=done)
 
-    # Resume (resume_mode auto) after re-grading the journal with today's graders (atlas.rl.regrade).
+    # Resume (resume_mode auto) after re-grading the journal with the current graders (atlas.rl.regrade).
     start, plan, aside = 0, None, None
     if training.resume_mode == "auto" and (saved := checkpoint_steps(root)):
         questions = {q["question_uid"]: q for q in (*sess.train_rows, *sess.val_questions)}
