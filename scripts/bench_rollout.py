@@ -42,7 +42,12 @@ def requests(rt, questions: int, samples: int, new: int) -> list[GenerationReque
     for i in range(questions * samples):
         tools = gpqa_tools(code) if (i // samples) % 2 == 0 else lcb_tools(code)
         prompt = rt.chat_ids(
-            [{"role": "user", "content": f"Question {i // samples}: which option holds? Think, then call a tool."}],
+            [
+                {
+                    "role": "user",
+                    "content": f"Question {i // samples}: which option holds? Think, then call a tool.",
+                }
+            ],
             [t.spec() for t in tools.values()],
         )
         out.append(GenerationRequest(prompt, rt.grammars.get(tools), new, seed=i))
@@ -60,19 +65,30 @@ def timed_generate(rt, reqs, repeats: int) -> dict:
         times.append(time.perf_counter() - t)
     seconds = sorted(times)[len(times) // 2]
     tokens = sum(len(g.token_ids) for g in gens)
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "timing": rt.engine.last_timing}, gens
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "timing": rt.engine.last_timing,
+    }, gens
 
 
 def logprob_gap(ac, merged, reqs, gens, rows: int = 8) -> float:
     """Max |log p_merged - log p_adapters| of the generated tokens (raw distribution), bf16."""
     gap = 0.0
     with torch.no_grad():
-        for r, g in list(zip(reqs, gens))[:rows]:
+        for r, g in list(zip(reqs, gens, strict=True))[:rows]:
             ids = torch.tensor([list(r.prompt_ids) + g.token_ids], device="cuda")
             n = len(g.token_ids)
             tgt = ids[0, -n:]
             a = ac.actor_logits(ids)[0, -n - 1 : -1].float().log_softmax(-1).gather(-1, tgt[:, None])
-            b = merged.model(input_ids=ids).logits[0, -n - 1 : -1].float().log_softmax(-1).gather(-1, tgt[:, None])
+            b = (
+                merged.model(input_ids=ids)
+                .logits[0, -n - 1 : -1]
+                .float()
+                .log_softmax(-1)
+                .gather(-1, tgt[:, None])
+            )
             gap = max(gap, (a - b).abs().max().item())
     return gap
 
@@ -93,12 +109,21 @@ def main() -> None:
         synthetic_tokenizer().save_pretrained(args.tokenizer)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     base = shape_model(args.shape, tokenizer, device="cuda")
-    training = TrainingConfig(responses_per_question=args.samples, lora_rank=args.lora, lora_alpha=2 * args.lora)
+    training = TrainingConfig(
+        responses_per_question=args.samples, lora_rank=args.lora, lora_alpha=2 * args.lora
+    )
     ac = merged = None
-    results = {"command": " ".join(["scripts/bench_rollout.py", *__import__("sys").argv[1:]]),
-               "device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape,
-               "vocab": len(tokenizer), "batch": args.questions * args.samples, "new_tokens": args.new,
-               "lora_rank": args.lora, "arms": {}}
+    results = {
+        "command": " ".join(["scripts/bench_rollout.py", *__import__("sys").argv[1:]]),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "shape": args.shape,
+        "vocab": len(tokenizer),
+        "batch": args.questions * args.samples,
+        "new_tokens": args.new,
+        "lora_rank": args.lora,
+        "arms": {},
+    }
     for arm in args.arms.split(","):
         if arm != "base" and ac is None:
             ac = ActorCritic(base, training, seed=0).to("cuda")
@@ -119,9 +144,13 @@ def main() -> None:
             row["refresh_s"] = time.perf_counter() - t
             row["logprob_gap_vs_adapters"] = logprob_gap(ac, merged, reqs, gens)
         results["arms"][arm] = row
-        print(f"{arm:10s} {row['tokens_per_s']:10.0f} tok/s  {row['seconds']:.2f} s  {row['tokens']} tokens "
-              + " ".join(f"{k}={v:.4g}" for k, v in row.items() if k in ("refresh_s", "logprob_gap_vs_adapters")),
-              flush=True)
+        print(
+            f"{arm:10s} {row['tokens_per_s']:10.0f} tok/s  {row['seconds']:.2f} s  {row['tokens']} tokens "
+            + " ".join(
+                f"{k}={v:.4g}" for k, v in row.items() if k in ("refresh_s", "logprob_gap_vs_adapters")
+            ),
+            flush=True,
+        )
         del rt
     if "base" in results["arms"]:
         for arm, row in results["arms"].items():

@@ -22,6 +22,8 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -30,7 +32,8 @@ from atlas.config import PPOConfig, TrainingConfig
 from atlas.model.liger import apply_liger, wanted
 from atlas.model.policy import ActorCritic
 from atlas.model.shapes import SYNTHETIC_VOCAB, base_parameters, shape_model
-from atlas.rl.ppo import Batch, make_optimizers, prepare, update
+from atlas.rl.checkpoint import save_compact
+from atlas.rl.ppo import Batch, make_optimizers, make_schedulers, prepare, update
 from atlas.rl.replay import ReplayedMasks
 
 PEAK_TFLOPS = 792.0
@@ -95,7 +98,17 @@ def main() -> None:
         peak = max(peak, torch.cuda.max_memory_allocated() / 2**30)
         if k:
             seconds.append(metrics["timing_s/update_actor"])
-        print(f"repeat {k}: " + " ".join(f"{n}={metrics[n]:.3f}" for n in sorted(metrics) if n.startswith("timing_s/")), flush=True)
+        print(
+            f"repeat {k}: "
+            + " ".join(f"{n}={metrics[n]:.3f}" for n in sorted(metrics) if n.startswith("timing_s/")),
+            flush=True,
+        )
+    t = time.perf_counter()  # the compact checkpoint the trainer saves after a step
+    folder = save_compact(tempfile.mkdtemp(), 1, ac, optimizers, make_schedulers(optimizers, ppo, 1), {})
+    save_s, save_bytes = (
+        time.perf_counter() - t,
+        sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
+    )
     s = statistics.median(seconds)
     tflops = 8 * params * tokens / s / 1e12
     result = {
@@ -112,9 +125,14 @@ def main() -> None:
         "model_tflops": tflops,
         "mfu": tflops / PEAK_TFLOPS,
         "peak_memory_gb": peak,
+        "checkpoint_save_s": save_s,
+        "checkpoint_bytes": save_bytes,
         "last_metrics": metrics,
     }
-    print(f"{args.shape} actor update {s:.3f} s  {tokens / s:,.0f} tok/s  {tflops:.0f} TFLOP/s  MFU {tflops / PEAK_TFLOPS:.1%}  peak {peak:.1f} GiB")
+    print(
+        f"{args.shape} actor update {s:.3f} s  {tokens / s:,.0f} tok/s  {tflops:.0f} TFLOP/s  MFU {tflops / PEAK_TFLOPS:.1%}  peak {peak:.1f} GiB  "
+        f"checkpoint {save_bytes / 1e9:.2f} GB in {save_s:.2f} s"
+    )
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, default=str))
 

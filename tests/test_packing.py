@@ -339,7 +339,9 @@ def _steps_of_one_update(ppo: PPOConfig):
     prep = prepare(ac, batch, ppo, temperature=0.9)
     calls[0] = 0
     metrics = update(ac, batch, prep, opts, None, ppo, temperature=0.9)
-    steps = {r: {n: p.detach() - before[r][n] for n, p in ac.trainable(r).items()} for r in ("actor", "critic")}
+    steps = {
+        r: {n: p.detach() - before[r][n] for n, p in ac.trainable(r).items()} for r in ("actor", "critic")
+    }
     return prep, metrics, steps, calls[0]
 
 
