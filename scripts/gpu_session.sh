@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# atlas on a lent H200 with no package registry: the one place that knows how that machine is
+# atlas on an H200 machine with no package registry: the one place that knows how that machine is
 # reached. Two halves:
 #
 #   bash scripts/gpu_session.sh pack DIR     here: DIR gets the code (src, scripts, tests,

@@ -481,18 +481,6 @@ class ReportConfig(_Strict):
         default="ATLAS Report 25: Sequential Tool Runtime Upgrade (reproduction)",
         description="pretty_name of the dataset card.",
     )
-    perf_files: list[str] = Field(
-        default=[
-            "resources/perf/h200_rollout_1.7b.json",
-            "resources/perf/h200_rollout_1.7b_unique_prompts.json",
-            "resources/perf/h200_rollout_1.7b_lora64.json",
-            "resources/perf/h200_rollout_1.7b_lora64_peft.json",
-            "resources/perf/h200_checkpoint_1.7b.json",
-            "resources/perf/h200_checkpoint_8b.json",
-        ],
-        description="Committed GPU perf measurements (scripts/bench_gpu_*.py JSON). perf_stack takes "
-        "their rows, marked with the file, when the pipeline itself ran on no GPU.",
-    )
 
 
 class ResourcesConfig(_Strict):

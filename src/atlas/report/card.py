@@ -116,25 +116,6 @@ def summary(tables: dict[str, pl.DataFrame], protocol: list[dict], validation: l
     )
     shape = perf["model_shape"][0] if perf.height else "-"
     lines += ["", f"Model shape: `{shape}`.", ""]
-    committed = tables["perf_stack"].filter(pl.col("source") != "pipeline")
-    if committed.height:
-        lines += ["Committed GPU measurements (not this run; `source` names the file):", ""]
-        lines += _table(
-            ["test", "device", "model", "phase", "s / step or save", "tokens/s", "checkpoint bytes"],
-            [
-                [
-                    r["test"],
-                    r["device"],
-                    r["model_shape"],
-                    r["phase"],
-                    r["seconds"],
-                    r["tokens_per_s"],
-                    r["checkpoint_bytes"],
-                ]
-                for r in committed.iter_rows(named=True)
-            ],
-        )
-        lines.append("")
     return lines
 
 

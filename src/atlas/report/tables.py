@@ -132,7 +132,7 @@ FULL_VALIDATION_VIEWS = [
 ]
 
 PERF_STACK = [
-    Column("source", STR, "pipeline (this run's results), or 'committed <file>' (report.perf_files)"),
+    Column("source", STR, "pipeline: this run's own timings"),
     Column("test", STR, "train_step (one PPO step of a run), rollout, checkpoint_save"),
     Column("run", STR, "the training run it was measured in"),
     Column("device", STR, "cpu, or the GPU's name"),
@@ -348,41 +348,9 @@ PHASE_TOKENS = {
 }
 
 
-def committed_perf_rows(path: Path) -> list[dict]:
-    """perf_stack rows of a committed GPU measurement: a checkpoint test's `perf_stack` rows as
-    they are, or a rollout benchmark's variants (one row each, seconds per decode step)."""
-    data = read_json(path)
-    source = f"committed {path.as_posix()}"
-    if "perf_stack" in data:
-        return [{**row, "source": source} for row in data["perf_stack"]]
-    if "rows" in data and all("variant" in r for r in data["rows"]):
-        shape = f"qwen3 {data['shape']} v{data['vocab']} batch {data['batch']} lora r{data['lora_rank']}"
-        if data.get("samples_per_question", 1) > 1:
-            shape += f" {data['samples_per_question']} samples per prompt"
-        return [
-            {
-                "source": source,
-                "test": "rollout",
-                "run": "bench",
-                "device": data["device"],
-                "model_shape": shape,
-                "phase": r["variant"],
-                "steps": r["steps"],
-                "seconds": r["ms_per_step"] / 1000,
-                "tokens": round(r["tokens"] / r["steps"]),
-                "tokens_per_s": r["tokens_per_s"],
-                "peak_memory_gb": r["peak_memory_gb"],
-                "checkpoint_bytes": None,
-                "checkpoint_save_s": None,
-            }
-            for r in data["rows"]
-        ]
-    raise InputError(f"{path}: neither a `perf_stack` list nor benchmark `rows` with a `variant` each")
-
-
-def perf_stack(
-    runs: list[RunFolder], checks: dict[str, Path], shape: str, perf_files: list[Path] = ()
-) -> pl.DataFrame:
+def perf_stack(runs: list[RunFolder], checks: dict[str, Path], shape: str) -> pl.DataFrame:
+    """The pipeline's own perf tests: every timing_s/* phase of each run's steps (the checks
+    stage's timing_analysis names the device), with tokens, peak memory and checkpoint sizes."""
     rows = []
     for run in runs:
         metrics = pl.read_parquet(run.path / "step_metrics.parquet")
@@ -426,8 +394,6 @@ def perf_stack(
                     "checkpoint_save_s": seconds.median() if saving else None,
                 }
             )
-    if all(r["device"] == "cpu" for r in rows):  # no GPU run here: show the committed ones
-        rows += [row for path in perf_files for row in committed_perf_rows(path)]
     frame = pl.DataFrame(rows, schema=schema(PERF_STACK))
     return frame.sort("source", "test", "run", "phase")
 
@@ -463,14 +429,13 @@ def build_tables(
     validation: list[Path],
     checks: dict[str, Path],
     model_dir: Path,
-    perf_files: list[Path] = (),
 ) -> dict[str, pl.DataFrame]:
     arms = runs[0].arms if runs else ()
     by_run = step_metrics_by_run(runs, dose_step)
     tables = {
         "step_metrics_by_run": by_run,
         "full_validation_views": full_validation_views(validation, arms),
-        "perf_stack": perf_stack(runs, checks, model_shape(model_dir), perf_files),
+        "perf_stack": perf_stack(runs, checks, model_shape(model_dir)),
         "arms_validation_curve": arms_validation_curve(runs),
         "arms_step_metrics": arms_step_metrics(by_run),
         "arms_call_advantage": arms_call_advantage(runs),

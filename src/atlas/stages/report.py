@@ -39,9 +39,6 @@ def parser():
     p.add_argument("--boundary", required=True, type=Path)
     p.add_argument("--checks", required=True, nargs="+", type=Path, help="results/checks/<run> folders")
     p.add_argument("--validation", required=True, nargs="+", type=Path, help="results/validation/<policy>")
-    p.add_argument(
-        "--perf", nargs="*", type=Path, default=[], help="committed GPU perf JSON (report.perf_files)"
-    )
     return p
 
 
@@ -84,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         raise InputError(f"no --checks folder for the runs {absent}")
 
     log("report", "building tables", runs=len(runs), policies=len(args.validation))
-    tables = build_tables(runs, args.dose_step, args.validation, checks, args.model, args.perf)
+    tables = build_tables(runs, args.dose_step, args.validation, checks, args.model)
     sources = {
         "smoke": args.smoke,
         "boundary": args.boundary,
@@ -126,7 +123,6 @@ def main(argv: list[str] | None = None) -> None:
         inputs = [
             args.model / "config.json",
             *(folder / MANIFEST for folder in record_folders.values()),
-            *args.perf,
         ]
         write_manifest(tmp, stage="report", inputs=inputs, code=code_files(MODULE), config=s)
     log("report", "wrote", out=args.out, tables=len(tables), records=len(records), figures=len(drawn))
