@@ -142,7 +142,9 @@ class ModelConfig(_Strict):
         if self.path is not None and self.tiny is not None:
             raise ValueError("set only one of model.path and model.tiny")
         if self.path is not None and (self.shape != "tiny" or self.tokenizer != "corpus"):
-            raise ValueError("model.shape and model.tokenizer describe a built model: leave them unset with model.path")
+            raise ValueError(
+                "model.shape and model.tokenizer describe a built model: leave them unset with model.path"
+            )
         return self
 
 
