@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from atlas.config import config_slice, load_config
+from atlas.config import TrainSlice, config_slice, load_config
 from atlas.hashing import atomic_write_json
 from atlas.rl.checkpoint import save_compact
 from atlas.rl.step import open_session, train_step
@@ -43,7 +43,7 @@ def main() -> None:
         model=REPO / "results/models" / cfg.model.name,
         snapshot=None,
     )
-    sess = open_session(config_slice(cfg, "training", args.run), files)
+    sess = open_session(TrainSlice.model_validate(config_slice(cfg, "training", args.run)), files)
     steps = []
     for k in range(args.steps):
         t = time.perf_counter()
