@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(counts.values())
         killed = sum(n for status, n in counts.items() if status in KILLED)
         rows.append((label, total, killed, counts["timeout"], total - killed, 100.0 * killed / total))
+        print(f"{label}: {killed} of {total} killed ({rows[-1][-1]:.1f}%)", flush=True)
     print("\n| module | mutants | killed | timeout | not killed | score |\n|---|---:|---:|---:|---:|---:|")
     for label, total, killed, timeouts, rest, score in rows:
         print(f"| {label} | {total} | {killed} | {timeouts} | {rest} | {score:.1f}% |")
