@@ -36,7 +36,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "losses": (["src/atlas/rl/losses.py"], ["tests/test_rl_math.py", "tests/test_loss_edges.py"]),
     "replay": (["src/atlas/rl/replay.py"], ["tests/test_replay.py"]),
     "checkpoint": (["src/atlas/rl/checkpoint.py"], ["tests/test_checkpoint.py"]),
-    "hashing": (["src/atlas/hashing.py"], ["tests/test_hashing.py"]),
+    "hashing": (["src/atlas/hashing.py"], ["tests/test_hashing.py", "tests/test_hashing_edges.py"]),
 }
 
 KILLED = {"killed", "caught by type check"}
