@@ -55,6 +55,9 @@ def test_value_clip_on_both_sides():
     # inside the range nothing is clipped: vpreds = values, R = -1, both errors 1
     out = value_loss(t(0.0), values, t(-1.0), ONE, 0.5)
     assert (out["critic/vf_loss"].item(), out["critic/vf_clipfrac"]) == (0.5, 0.0)
+    # a clip range of 0 is allowed: the clipped prediction is the old value itself
+    out = value_loss(t(0.5), values, t(0.0), ONE, 0.0)
+    assert (out["critic/vf_loss"].item(), out["critic/vf_clipfrac"]) == (0.125, 0.0)
 
 
 def test_kl_estimator_names_and_far_gradients():
