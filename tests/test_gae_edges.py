@@ -60,3 +60,11 @@ def test_gae_errors_name_the_shapes_and_the_stray_reward():
         )
     with pytest.raises(ValueError, match=r"^one trajectory is a 1-D tensor, got shape \(1, 2\)$"):
         gae_over_sampled(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), 1.0, 1.0)
+
+
+def test_a_one_token_trajectory():
+    # T = 1: A = r - V, R = r
+    adv, ret = gae_over_sampled(
+        torch.tensor([1.0], dtype=F64), torch.tensor([0.25], dtype=F64), torch.tensor([1]), 0.9, 0.9
+    )
+    assert (adv.tolist(), ret.tolist()) == ([0.75], [1.0])
