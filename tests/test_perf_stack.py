@@ -1,5 +1,5 @@
 """perf_stack from measurements the test writes itself: the medians, sums and sizes of a run's
-step metrics and checks records, and the rows of a GPU measurement file, computed by hand here.
+step metrics and checks records, computed by hand here.
 (No figure of a committed measurement is asserted anywhere: those are data, not behaviour.)"""
 
 from __future__ import annotations
