@@ -79,9 +79,12 @@ def model_vocab_size(model_dir: Path) -> int:
     return int(AutoConfig.from_pretrained(model_dir).vocab_size)
 
 
-def prepare(args, cfg: AtlasConfig, name: str, steps: int, root: Path) -> tuple[list[str], Path, Path]:
+def prepare(
+    args, cfg: AtlasConfig, name: str, steps: int, root: Path
+) -> tuple[list[str], Path, Path, dict[str, int]]:
     """Write the datasets, the agent loop's settings and the overrides; return the overrides, the
-    metrics file of this launch and the episodes folder."""
+    metrics file of this launch, the episodes folder and the episodes each step and validation
+    point must have (questions x samples)."""
     verl_dir, episodes = root / "verl", root / "episodes"
     train = [q for q in read_questions(args.train) if q["step"] < steps]
     train.sort(key=lambda q: (q["step"], q["position"]))
@@ -123,7 +126,12 @@ def prepare(args, cfg: AtlasConfig, name: str, steps: int, root: Path) -> tuple[
     overrides = verl_overrides(cfg, name, paths)
     compose(overrides)  # verl's own loader and startup checks, before any GPU is asked for
     write_overrides(verl_dir / "overrides.txt", overrides)
-    return overrides, metrics, episodes
+    t = cfg.training
+    expected = {
+        "train": cfg.schedule.questions_per_step * t.responses_per_question,
+        "val": len(val) * t.validation_samples,
+    }
+    return overrides, metrics, episodes, expected
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     root = args.checkpoints
     fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in inputs_of(args)}}
     journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
-    overrides, metrics, episodes = prepare(args, cfg, name, steps, root)
+    overrides, metrics, episodes, expected = prepare(args, cfg, name, steps, root)
     command = launch_command(overrides)
     if args.dry_run:
         print(shlex.join(command))
@@ -161,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics_files=sorted(metrics.parent.glob("metrics_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])),
         gamma=cfg.training.ppo.gamma,
         dose=cfg.training.runs[name].dose,
+        expected=expected,
     )
     convert.assemble_run(
         args, root, s, name=name, steps=steps, validated=points, module=MODULE, code=code_files
