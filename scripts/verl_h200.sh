@@ -37,39 +37,40 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 python3 -c "import torch, vllm, verl, xgrammar, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1 | tee "$out/versions.txt"
 
 run=/tmp/atlas/run ck=/tmp/atlas/checkpoints
+deadline=${DEADLINE_S:-560}  # seconds after this script started: what is left is still collected
 launch() {
     setsid python3 -m atlas.verl.launch --config-slice "$(cat "$bundle/slice.json")" \
         --train "$bundle/data/train.parquet" --val "$bundle/data/val.parquet" \
-        --tests "$bundle/data/tests.parquet" --model "$bundle/model" --checkpoints "$ck" --out "$run" &
-    echo $!
+        --tests "$bundle/data/tests.parquet" --model "$bundle/model" --checkpoints "$ck" --out "$run" \
+        > "$out/driver_$1.log" 2>&1 &
+    lpid=$!
 }
-stop_ray() { python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1 || true; }
-
-# launch 1: stopped as soon as verl has saved global step 1
-pid=$(launch)
+# wait for the launch until it exits, `until` holds, or the deadline; then kill its process group
+watch() {
+    while kill -0 "$lpid" 2>/dev/null && ((SECONDS < deadline)); do
+        eval "$1" && break
+        sleep 2
+    done
+    if kill -0 "$lpid" 2>/dev/null; then
+        echo "killing launch $2 at ${SECONDS}s, verl's latest checkpoint: $(cat "$marker" 2>/dev/null)" | tee -a "$out/kill.txt"
+        kill -KILL -- "-$lpid"
+    fi
+    wait "$lpid"
+    echo "launch $2 exit $? at ${SECONDS}s" | tee -a "$out/kill.txt"
+    python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1 || true
+}
+collect() {
+    cp "$ck"/verl/launch_*.log "$ck"/verl/metrics_*.jsonl "$ck"/verl/episode_counts.json "$out/" 2>/dev/null
+    tar -C /tmp/atlas -czf "$out/verl_run.tgz" --exclude='huggingface' run checkpoints 2>/dev/null
+}
 marker=$ck/verl/checkpoints/latest_checkpointed_iteration.txt
-for _ in $(seq 1 ${FIRST_LAUNCH_S:-300}); do
-    kill -0 "$pid" 2>/dev/null || break
-    [[ -f $marker && $(cat "$marker") == 1 ]] && break
-    sleep 1
-done
-if kill -0 "$pid" 2>/dev/null; then
-    echo "killing launch 1 after global step $(cat "$marker" 2>/dev/null)" | tee "$out/kill.txt"
-    kill -KILL -- "-$pid"
-fi
-wait "$pid"
-echo "launch 1 exit $?" | tee -a "$out/kill.txt"
-stop_ray
-cp "$ck"/verl/launch_0.log "$out/" 2>/dev/null
 
+# launch 1: killed as soon as verl has saved global step 1
+launch 0
+watch '[[ -f $marker && $(cat $marker) == 1 ]]' 1
 # launch 2: resume_mode=auto picks up global step 1, runs step 2, converts
-pid=$(launch)
-wait "$pid"
-rc=$?
-echo "launch 2 exit $rc" | tee -a "$out/kill.txt"
-stop_ray
-cp "$ck"/verl/launch_1.log "$out/" 2>/dev/null
-cp "$ck"/verl/episode_counts.json "$out/" 2>/dev/null
-tar -C /tmp/atlas -czf "$out/verl_run.tgz" --exclude='huggingface' run checkpoints 2>/dev/null
+launch 1
+watch false 2
+collect
 ls -la "$out"
-exit $rc
+grep -h "launch 2 exit 0" "$out/kill.txt" > /dev/null
