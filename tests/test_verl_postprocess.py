@@ -22,6 +22,7 @@ if not os.environ.get("ATLAS_REQUIRE_VERL"):
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from test_verl_agent_loop import STEP, _cfg, _loop, _play  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.metric_utils import RolloutMoELoadBalanceMetricsAccumulator  # noqa: E402
@@ -30,7 +31,6 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer  # noqa: E402
 
 from atlas.runtime.inputs import read_questions  # noqa: E402
 from atlas.verl.agent_loop import weight_versions  # noqa: E402
-from test_verl_agent_loop import STEP, _cfg, _loop, _play  # noqa: E402
 
 
 @pytest.fixture(scope="module")

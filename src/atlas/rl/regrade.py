@@ -1,4 +1,4 @@
-"""Grader-aware resume: re-grade a run's journaled records with today's graders before resuming.
+"""Grader-aware resume: re-grade a run's journaled records with the current graders before resuming.
 
 A grader fix reruns the training job (its code is an input), but the fix may change no reward
 this run ever earned, or only rewards from step k on. So before resuming, every executed call of
@@ -52,7 +52,7 @@ def regrade_folder(
     path = folder / "records.parquet"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; the journal of a finished step always has it")
-    code = CodeBounds(runtime.max_code_run, runtime.max_code_escapes)
+    code = CodeBounds.of(runtime)
     rows = [r for r in pq.read_table(path).to_pylist() if r["tool_status"] != "refused"]
 
     def again(r: dict):

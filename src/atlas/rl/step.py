@@ -1,0 +1,198 @@
+"""One PPO training step and what it needs: the session (policy, potential, optimizers, runtime,
+data) built from a run's config slice, and the command line the training-shaped stages share.
+
+`train_step(sess, k)` takes the schedule's questions for step k and does DESIGN.md's training step:
+
+    G episodes per question with the actor (grammar-constrained, real tools and graders)
+    -> rewards from the records, + dose * (gamma * Phi(s') - Phi(s)) on each action token
+    -> protocol check; records journaled                      (before any update uses them)
+    -> old log-probs under replayed masks, reference, values, GAE; records get value/advantage
+    -> critic update, actor update
+    -> step metrics, call advantages
+
+The stage that loops over the steps (wandb, validation, checkpoints, resume) is atlas.stages.train;
+the checks stage reruns steps from checkpoints through the same function.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from atlas.config import GraderConfig, PPOConfig, RunConfig, RuntimeConfig, TrainingConfig, TrainSlice
+from atlas.model.liger import apply_liger, wanted
+from atlas.model.merged import MergedModel
+from atlas.model.policy import ActorCritic
+from atlas.rl import journal
+from atlas.rl.metrics import step_summary
+from atlas.rl.potentials import Potential, make_potential
+from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
+from atlas.rl.rollout import (
+    StepRollout,
+    collect,
+    fill_records,
+    step_questions,
+)
+from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
+from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
+from atlas.runtime.rollouts import episode_specs
+from atlas.runtime.session import Runtime, load_model, make_runtime
+from atlas.stage import log
+
+
+def build_policy(model_dir: Path, training: TrainingConfig, seed: int, device: str):
+    """The actor-critic on the base model, with gradient checkpointing and Liger kernels when the
+    config asks for them (both act in the updates: transformers recomputes layers in training
+    mode, and rollouts sample from their own model, see rollout_model)."""
+    base, tokenizer = load_model(model_dir, device)
+    ac = ActorCritic(base, training, seed=seed).to(device)
+    cuda = torch.device(device).type == "cuda"
+    if training.ppo.on_gpu("gradient_checkpointing", cuda):
+        ac.peft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if wanted(training.ppo.liger, cuda):
+        apply_liger(ac.peft)
+    return ac, tokenizer
+
+
+def rollout_model(ac: ActorCritic, training: TrainingConfig, device: str) -> MergedModel | None:
+    """The merged serving copy of the actor (training.merged_rollouts), or None: sample through
+    the adapters."""
+    setting = training.merged_rollouts
+    on = torch.device(device).type == "cuda" if setting == "auto" else setting
+    return MergedModel(ac.peft, "actor") if on else None
+
+
+def build_potential(cfg: RunConfig, ac: ActorCritic, snapshot: Path | None):
+    """The run's Phi. Factories receive the trainer's context and take what they need."""
+    if cfg.potential == "critic_snapshot" and snapshot is None:
+        raise SystemExit(f"potential critic_snapshot needs --snapshot (the run folder of {cfg.snapshot_of})")
+    return make_potential(cfg.potential, model=ac, run_folder=snapshot, step=cfg.snapshot_step)
+
+
+def peak_memory() -> dict[str, float]:
+    out = {"perf/cpu_memory_used_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def validation_log(rows: list[dict]) -> dict[str, float]:
+    return {
+        f"val/{r['source']}/{k}": r[k] for r in rows for k in ("utility", "accuracy", "completed_fraction")
+    }
+
+
+def replay_journal(wandb_run, root: Path, start: int, points: list[int]) -> None:
+    """Log the kept journal (validation points and step metrics up to `start`) into a new wandb
+    log, in step order; wandb drops a step lower than one already logged."""
+    for done in range(start + 1):
+        if done in points and (folder := journal.val_dir(root, done)).is_dir():
+            wandb_run.log(validation_log(json.loads((folder / "validation.json").read_text())), step=done)
+        if done > 0:
+            metrics = json.loads((journal.step_dir(root, done - 1) / "metrics.json").read_text())
+            wandb_run.log(metrics, step=done)
+
+
+@dataclass
+class Session:
+    """Everything one run's steps need, built from its config slice and inputs."""
+
+    name: str
+    steps: int
+    seed: int
+    runtime: RuntimeConfig
+    graders: GraderConfig
+    training: TrainingConfig
+    run_cfg: RunConfig
+    ac: ActorCritic
+    rt: Runtime
+    potential: Potential
+    optimizers: dict
+    schedulers: dict
+    train_rows: list[dict]
+    val_questions: list[dict]
+    tests: dict
+    merged: MergedModel | None = None
+
+    @property
+    def ppo(self) -> PPOConfig:
+        return self.training.ppo
+
+    def sync_rollout_model(self) -> None:
+        """Fold the actor's current LoRA into the serving copy (after an update or a load)."""
+        if self.merged is not None:
+            self.merged.refresh()
+
+
+def open_session(sl: TrainSlice, args) -> Session:
+    """The policy (fresh, seeded), its potential, optimizers and runtime, and the run's data."""
+    runtime, graders, training, seed = sl.runtime, sl.graders, sl.training, sl.seed
+    random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
+    torch.manual_seed(seed)
+    val_rows = read_questions(args.val)
+    ac, tokenizer = build_policy(args.model, training, seed, sl.resources.device)
+    potential = build_potential(sl.run, ac, args.snapshot)
+    optimizers = make_optimizers(ac, training.ppo)
+    merged = rollout_model(ac, training, sl.resources.device)
+    return Session(
+        name=sl.run.name,
+        steps=sl.run.steps,
+        seed=seed,
+        runtime=runtime,
+        graders=graders,
+        training=training,
+        run_cfg=sl.run,
+        ac=ac,
+        rt=make_runtime(ac.peft if merged is None else merged.model, tokenizer, runtime),
+        potential=potential,
+        optimizers=optimizers,
+        schedulers=make_schedulers(optimizers, training.ppo, sl.run.steps),
+        train_rows=read_questions(args.train),
+        val_questions=smoke_slice(val_rows, training.validation_questions or len(val_rows)),
+        tests=read_tests(args.tests),
+        merged=merged,
+    )
+
+
+def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRollout, dict[str, float]]:
+    """One PPO step on the schedule's step `step`. `journal_rollouts(data)` is called with the
+    records before the update, twice: as rolled out and shaped, then with values and advantages."""
+    specs = episode_specs(
+        step_questions(sess.train_rows, step), sess.tests, sess.training.responses_per_question
+    )
+    sess.sync_rollout_model()
+    data = collect(
+        sess.rt,
+        specs,
+        sess.runtime,
+        sess.graders,
+        sess.potential,
+        gamma=sess.ppo.gamma,
+        dose=sess.run_cfg.dose,
+        run=sess.name,
+        step=step,
+        seed=sess.seed,
+        progress=lambda m: log(sess.name, f"step {step}: {m}"),
+    )
+    if journal_rollouts is not None:
+        journal_rollouts(data)
+    if data.report.violations:
+        raise SystemExit(f"{sess.name} step {step}: {data.report.violations} protocol violations")
+    prep = prepare(sess.ac, data.batch, sess.ppo, sess.runtime.temperature)
+    fill_records(data.episodes, prep)
+    if journal_rollouts is not None:
+        journal_rollouts(data)
+    metrics = {**data.timings, **prep.metrics}
+    metrics.update(
+        update(
+            sess.ac, data.batch, prep, sess.optimizers, sess.schedulers, sess.ppo, sess.runtime.temperature
+        )
+    )
+    metrics.update(step_summary(data.episodes, data.report))
+    metrics["training/global_step"] = float(step + 1)
+    return data, metrics
