@@ -3,7 +3,7 @@
 Standard library only: the sandbox holds the interpreter's standard library and nothing else. The
 grader (sandbox.py) runs this file's text as
 
-    python -s -P -c <this text> atlas-sandbox-driver REQUEST_FD REPLY_FD CONTAINED
+    python -S -P -c <this text> atlas-sandbox-driver REQUEST_FD REPLY_FD CONTAINED
 
 and talks to it in frames (one type byte, a 4-byte big-endian length, the payload):
 
@@ -359,7 +359,23 @@ def run_test(setup: dict, test: dict, reply: int, contained: bool) -> None:
     send(reply, b"D", json.dumps(done).encode("utf-8"))
 
 
+class _Quitter:
+    """exit() and quit(), which the site module would define (the driver runs without it)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code=None):
+        raise SystemExit(code)
+
+
 def main() -> None:
+    import builtins
+
+    builtins.exit, builtins.quit = _Quitter("exit"), _Quitter("quit")
     request, reply, contained = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
     frame = read_frame(request)
     if frame is None or frame[0] != b"S":

@@ -59,10 +59,11 @@ if TYPE_CHECKING:
 
 SCRATCH_PREFIX = "atlas-sandbox-"
 DRIVER_SOURCE = Path(driver.__file__).read_text(encoding="utf-8")
-# -s: no user site-packages; -P: no script folder on sys.path. Not -E or -I: PYTHONHASHSEED must
+# -S: no site module, so no site-packages and no .pth file runs (the driver defines exit() and
+# quit(), which site would); -P: no script folder on sys.path. Not -E or -I: PYTHONHASHSEED must
 # hold, so that set order (so tool output, so trajectories) is the same in identical runs. bwrap
 # clears the environment instead.
-PYTHON_FLAGS = ("-s", "-P")
+PYTHON_FLAGS = ("-S", "-P")
 PYTHON = os.path.realpath(sys.executable)
 PREFIX = os.path.realpath(sys.base_prefix)
 STAGE_PYTHON = "/tmp/atlas-python"  # where the root stage binds the prefix for the sandbox's uid
@@ -71,6 +72,7 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 START_TIMEOUT_S = 10.0  # a sandbox that has not started by then is an error
 HOST_GRACE_S = 0.3  # past a test's bound, the driver's own kill has had this long to report
 KILL_GRACE_S = 5.0
+CLOSE_GRACE_S = 0.5  # how long a driver told to stop may take to exit before it is killed
 READ_CHUNK = 1 << 16
 
 
@@ -205,6 +207,8 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str]) 
         str(limits.scratch_mb << 20),
         "--tmpfs",
         "/tmp",
+        "--remount-ro",
+        "/",
         "--chdir",
         "/tmp",
         "--clearenv",
@@ -461,6 +465,13 @@ class Sandbox:
 
     def close(self) -> None:
         """Kill the sandbox and wait until every process of it is gone."""
+        if self.proc.poll() is None and self.request is not None:
+            os.close(self.request)  # the driver's end of input: it exits, and bwrap with it
+            self.request = None
+            try:
+                self.proc.wait(timeout=CLOSE_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc.poll() is None:
             # Killing the PID namespace's init makes the kernel kill and reap everything inside;
             # then the bwrap processes above it exit on their own, the first one last.
@@ -483,10 +494,9 @@ class Sandbox:
             except ProcessLookupError:
                 pass
         for fd in (self.request, self.reply, self.info):
-            try:
+            if fd is not None:
                 os.close(fd)
-            except OSError:
-                pass
+        self.request = self.reply = self.info = None
         self.frames.closed = True
         self.proc.stderr.close()
         if self.scratch is not None:
