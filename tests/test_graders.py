@@ -571,7 +571,8 @@ ADVERSARIAL = {
     "sleeps": ("import time\ntime.sleep(30)", {"timeout"}),
     "loops": ("while True:\n    pass", {"timeout"}),
     "crashes": ("raise SystemExit(3)", {"error"}),
-    "forks": ("import os, time\nfor _ in range(8):\n    os.fork()\ntime.sleep(30)", {"timeout"}),
+    # 256 processes: past the sandbox's process count, fork fails (an error) unless time runs out first
+    "forks": ("import os, time\nfor _ in range(8):\n    os.fork()\ntime.sleep(30)", {"timeout", "error"}),
     "floods_output": ("while True:\n    print('y' * 4096)", {"timeout", "failed"}),
     "eats_memory": ("x = bytearray(16 * 1024 ** 3)", {"error"}),
     "opens_a_socket": ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)", {"error"}),
@@ -606,8 +607,15 @@ def test_left_behind_programs_are_counted_per_owning_process():
 
     sleeper = [sys.executable, "-c", "import time; time.sleep(30)", MARK]
     mine = subprocess.Popen(sleeper)
+    # The other process's own command line must not carry the mark: it builds it.
+    spawn = sleeper[:-1] + ["MARK"]
     other = subprocess.Popen(
-        [sys.executable, "-c", f"import subprocess, time; subprocess.Popen({sleeper!r}); time.sleep(30)"]
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, time; subprocess.Popen({spawn!r}[:-1] + ['atlas-sandbox-' + 'driver'])"
+            "; time.sleep(30)",
+        ]
     )
     plain = subprocess.Popen(["sleep", "30"])  # below this process but no sandbox
     try:

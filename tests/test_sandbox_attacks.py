@@ -68,6 +68,8 @@ def workflow(tmp_path_factory, data_dir):
     config = yaml.safe_load((wf / "config" / "config.yaml").read_text(encoding="utf-8"))
     config["graders"] = GRADERS
     (wf / "grade.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    config["graders"] = {"test_timeout_s": 30.0, "program_timeout_s": 30.0}  # to be killed mid-run
+    (wf / "grade-long.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     for qid in ("abc300_a", "9003"):
         row = next(r for r in read_jsonl(FIXTURES / "lcb_train.jsonl") if r["question_id"] == qid)
         (wf / f"{qid}.json").write_text(json.dumps(row), encoding="utf-8")
@@ -76,12 +78,12 @@ def workflow(tmp_path_factory, data_dir):
 
 
 def start_cli(
-    workflow: Path, code: str, problem: str = "abc300_a", env: dict | None = None
+    workflow: Path, code: str, problem: str = "abc300_a", env: dict | None = None, config: str = "grade.yaml"
 ) -> subprocess.Popen:
     prog = workflow / f"prog-{uuid.uuid4().hex}.py"
     prog.write_text(code, encoding="utf-8")
     command = [sys.executable, "-m", "atlas", "grade", "lcb", "--problem", f"{problem}.json"]
-    command += ["--code", prog.name, "--config", "grade.yaml"]
+    command += ["--code", prog.name, "--config", config]
     return subprocess.Popen(
         command, cwd=workflow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -413,13 +415,14 @@ def test_forged_functional_results_are_not_judged_as_the_return_value(workflow, 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_a_killed_grader_leaves_nothing(workflow, sig):
     code = "import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep(30)"
-    proc = start_cli(workflow, code)
+    proc = start_cli(workflow, code, config="grade-long.yaml")
     give_up = time.monotonic() + 60
     while len(sandboxed_processes()) < 3 and time.monotonic() < give_up:
         time.sleep(0.02)
     assert len(sandboxed_processes()) >= 3  # bwrap, the driver and the program are running
     proc.send_signal(sig)
     proc.wait(timeout=10)
+    assert proc.returncode == -sig
     assert_nothing_left(workflow)
 
 
