@@ -72,7 +72,6 @@ ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 START_TIMEOUT_S = 10.0  # a sandbox that has not started by then is an error
 HOST_GRACE_S = 0.3  # past a test's bound, the driver's own kill has had this long to report
 KILL_GRACE_S = 5.0
-CLOSE_GRACE_S = 0.5  # how long a driver told to stop may take to exit before it is killed
 READ_CHUNK = 1 << 16
 
 
@@ -465,13 +464,6 @@ class Sandbox:
 
     def close(self) -> None:
         """Kill the sandbox and wait until every process of it is gone."""
-        if self.proc.poll() is None and self.request is not None:
-            os.close(self.request)  # the driver's end of input: it exits, and bwrap with it
-            self.request = None
-            try:
-                self.proc.wait(timeout=CLOSE_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
         if self.proc.poll() is None:
             # Killing the PID namespace's init makes the kernel kill and reap everything inside;
             # then the bwrap processes above it exit on their own, the first one last.
