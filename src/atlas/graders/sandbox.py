@@ -216,16 +216,25 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str]) 
             for key, value in {**ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}.items()
             for arg in ("--setenv", key, value)
         ],
-        "--info-fd",
-        str(info_fd),
         "--",
         *driver_args,
     ]
+    info = ["--info-fd", str(info_fd)]  # the host pid of the outermost PID namespace's init
     if not as_root:
-        return inner
+        return [inner[0], *info, *inner[1:]]
     uid = limits.uid_base + threading.get_native_id()
-    stage = [bwrap, "--dev-bind", "/", "/", "--tmpfs", "/tmp", "--ro-bind", PREFIX, STAGE_PYTHON]
-    drop = [shutil.which("setpriv") or "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    # The root stage has a PID namespace of its own: its init dies with the grading thread
+    # (--die-with-parent), and the kernel then kills everything below, the unprivileged bwrap
+    # (whose parent-death signal the uid change cleared) included.
+    stage = [bwrap, *info, "--unshare-pid", "--dev-bind", "/", "/", "--tmpfs", "/tmp"]
+    stage += ["--ro-bind", PREFIX, STAGE_PYTHON]
+    drop = [
+        shutil.which("setpriv") or "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--pdeathsig=SIGKILL",
+    ]
     return [*stage, "--die-with-parent", "--", *drop, "--", *inner]
 
 
