@@ -21,7 +21,8 @@ unprivileged uid of its own, `sandbox_uid_base` + the grading thread's id (uniqu
 lives, so two programs never share a uid and RLIMIT_NPROC counts one sandbox). Since that uid
 cannot reach an interpreter under a private home (pyenv's /root/.pyenv), a first bwrap, still root,
 makes a private mount namespace where the interpreter's prefix is bound at /tmp/atlas-python, then
-`setpriv` drops to the uid and runs the sandbox's bwrap there.
+`setpriv` drops to the uid and runs the sandbox's bwrap there; that first bwrap has a PID
+namespace of its own, so everything below it dies with its init.
 
 Bounds: the driver kills a test at its time bound and the grader waits HOST_GRACE_S more before it
 kills the whole sandbox; per test RLIMIT_AS / CPU / FSIZE / NOFILE; per sandbox RLIMIT_NPROC and the
