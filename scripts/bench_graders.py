@@ -64,7 +64,7 @@ def main() -> None:
         start = time.perf_counter()
         results = [
             check_correctness(s, code, args.test_timeout, debug=False)[0]
-            for s, (code, _, _) in zip(samples, jobs)
+            for s, (code, _, _) in zip(samples, jobs, strict=True)
         ]
         seconds["lcb_runner"] += time.perf_counter() - start
         atlas_ok = [v.status == "passed" for v in verdicts]

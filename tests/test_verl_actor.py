@@ -95,7 +95,9 @@ def test_verls_patched_logprobs_agree_with_the_local_engines(batch):
     for b, ep in enumerate(local):
         masks = replay_masks(ep, batch[0])
         want = token_logprobs(
-            per_seq[b].unsqueeze(0), SimpleNamespace(input_ids=seqs[b].unsqueeze(0), masks=[masks]), TEMPERATURE
+            per_seq[b].unsqueeze(0),
+            SimpleNamespace(input_ids=seqs[b].unsqueeze(0), masks=[masks]),
+            TEMPERATURE,
         )[0]
         pos = masks.positions
         ours = got["log_probs"][b][pos - 1]  # row t - 1 predicts token t

@@ -381,7 +381,9 @@ def test_a_step_short_of_questions_x_samples_fails_with_the_reasons(played, tmp_
     lost = json.loads(episodes[0].read_text())
     setup = loop.setup.__class__(**{**vars(loop.setup), "records_dir": tmp_path / "episodes"})
     row = {"extra_info": {"question_uid": lost["question_uid"], "phase": "train"}}
-    write_failure(setup, {**row, "session_id": lost["sample"], "global_steps": 1}, GrammarMismatchError("token 7"))
+    write_failure(
+        setup, {**row, "session_id": lost["sample"], "global_steps": 1}, GrammarMismatchError("token 7")
+    )
     with pytest.raises(convert.VerlOutputError) as err:
         convert.read_episodes(folder, len(outputs))
     message = str(err.value)

@@ -52,7 +52,12 @@ def _worker() -> SimpleNamespace:
     """verl's AgentLoopWorkerTQ methods on the attributes its post-process reads: no reward loop
     (our loop scores), no teacher, no multi-modal processor."""
     w = SimpleNamespace(processor=None, reward_loop_worker_handles=None, distillation_enabled=False)
-    for name in ("_compute_score", "_compute_teacher_logprobs", "_compute_multi_modal_inputs", "_compute_position_ids"):
+    for name in (
+        "_compute_score",
+        "_compute_teacher_logprobs",
+        "_compute_multi_modal_inputs",
+        "_compute_position_ids",
+    ):
         setattr(w, name, getattr(WORKER, name).__get__(w))
     return w
 
@@ -91,7 +96,12 @@ def test_verls_v1_postprocess_and_step_metrics_read_our_output(queue, tmp_path, 
     lengths = [int(n) for n in data["response_mask"].offsets().diff()]
     nested = {
         name: torch.nested.as_nested_tensor([t[i, :n] for i, n in enumerate(lengths)], layout=torch.jagged)
-        for name, t in {"values": values, "advantages": adv, "returns": ret, "token_level_rewards": padded["rm_scores"]}.items()
+        for name, t in {
+            "values": values,
+            "advantages": adv,
+            "returns": ret,
+            "token_level_rewards": padded["rm_scores"],
+        }.items()
     }
     tq.kv_batch_put(keys=keys, partition_id="train", fields=TensorDict(nested, batch_size=[len(keys)]))
 
@@ -103,7 +113,9 @@ def test_verls_v1_postprocess_and_step_metrics_read_our_output(queue, tmp_path, 
     )
     metrics: dict = {}
     batch = KVBatchMeta(keys=keys, tags=tags, partition_id="train")
-    PPOTrainer._compute_metrics(trainer, batch, metrics, {"step": 1.0, "gen": 0.5}, global_steps=STEP + 1, epoch=0)
+    PPOTrainer._compute_metrics(
+        trainer, batch, metrics, {"step": 1.0, "gen": 0.5}, global_steps=STEP + 1, epoch=0
+    )
     assert metrics["training/global_step"] == STEP + 1
     assert metrics["training/off_policy/trajectory_spans/max"] == 1
     assert metrics["training/off_policy/trajectory_staleness/mean"] == 0

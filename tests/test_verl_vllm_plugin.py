@@ -30,7 +30,11 @@ from conftest import REPO
 
 
 def test_the_entry_point_is_installed_for_vllm():
-    eps = [ep for ep in importlib.metadata.entry_points(group="vllm.general_plugins") if ep.name == "atlas_token_table"]
+    eps = [
+        ep
+        for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+        if ep.name == "atlas_token_table"
+    ]
     assert len(eps) == 1
     assert eps[0].load() is vllm_plugin.register
 

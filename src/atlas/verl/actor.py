@@ -69,7 +69,9 @@ def row_masks(input_lengths: list[int], indices: list[torch.Tensor], tables: lis
         table = table.to(torch.int32).reshape(-1, words)
         prompt = length - index.numel()
         if prompt < 1:
-            raise VerlActorPatchError(f"a sample of {length} tokens has {index.numel()} masked response tokens")
+            raise VerlActorPatchError(
+                f"a sample of {length} tokens has {index.numel()} masked response tokens"
+            )
         if index.numel() and int(index.max()) >= table.shape[0]:
             raise VerlActorPatchError(f"mask index {int(index.max())} past a table of {table.shape[0]} masks")
         r = (index >= 0).nonzero().flatten()
@@ -82,7 +84,11 @@ def row_masks(input_lengths: list[int], indices: list[torch.Tensor], tables: lis
 
 
 def masked_rows_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: torch.Tensor,
+    rows: torch.Tensor,
+    bitmask: torch.Tensor,
 ) -> torch.Tensor:
     """log p(label) under softmax(masked(logits / T)) at `rows` of packed [N, V] logits, float32."""
     rows = rows.to(logits.device)
@@ -132,7 +138,10 @@ class MaskedActorEngine(FSDPEngineWithLMHead):
         rmpad = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)
         lengths, logits, labels, temperature = packed_logits(output, output_args, micro_batch, rmpad)
         rows, bitmask = row_masks(
-            lengths, _nested_list(micro_batch[INDEX]), _nested_list(micro_batch[TABLE]), mask_words(logits.shape[-1])
+            lengths,
+            _nested_list(micro_batch[INDEX]),
+            _nested_list(micro_batch[TABLE]),
+            mask_words(logits.shape[-1]),
         )
         lp = model_output["log_probs"]
         flat = lp.values()

@@ -282,7 +282,9 @@ class AtlasAgentLoopOutput(AgentLoopOutput):
             out.pop(key, None)
         if self.mask_index:
             if len(self.mask_index) != len(self.response_ids):
-                raise ValueError(f"{len(self.mask_index)} mask rows for {len(self.response_ids)} response tokens")
+                raise ValueError(
+                    f"{len(self.mask_index)} mask rows for {len(self.response_ids)} response tokens"
+                )
             words = torch.frombuffer(bytearray(b"".join(self.mask_table)), dtype=torch.int32)
             out[TABLE] = words
             out[INDEX] = torch.tensor(self.mask_index, dtype=torch.int64)

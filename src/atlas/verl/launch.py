@@ -118,4 +118,3 @@ def prepare(
         "val": len(val) * t.validation_samples,
     }
     return overrides, metrics, episodes, expected
-

@@ -95,9 +95,15 @@ def wrap_post_init(original):
     def __post_init__(self):
         original(self)
         self.compiler = atlas_compiler(
-            self.tokenizer, self.vocab_size, max_threads=8, cache_enabled=True, cache_limit_bytes=_cache_bytes()
+            self.tokenizer,
+            self.vocab_size,
+            max_threads=8,
+            cache_enabled=True,
+            cache_limit_bytes=_cache_bytes(),
         )
-        logger.warning("atlas: vLLM's xgrammar backend compiles on atlas's token table (vocab %d)", self.vocab_size)
+        logger.warning(
+            "atlas: vLLM's xgrammar backend compiles on atlas's token table (vocab %d)", self.vocab_size
+        )
 
     setattr(__post_init__, _WRAPPED, original)
     return __post_init__
