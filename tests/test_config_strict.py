@@ -27,7 +27,18 @@ def three_messages(workdir: Path, text: str) -> dict[str, tuple[int, str]]:
     out = {}
     for name, cmd in {
         "config": ("-m", "atlas", "config", str(bad)),
-        "grade": ("-m", "atlas", "grade", "lcb", "--problem", "p.json", "--code", "c.py", "--config", str(bad)),
+        "grade": (
+            "-m",
+            "atlas",
+            "grade",
+            "lcb",
+            "--problem",
+            "p.json",
+            "--code",
+            "c.py",
+            "--config",
+            str(bad),
+        ),
         "snakemake": ("-m", "snakemake", "-n", "--cores", "1", "--configfile", str(bad)),
     }.items():
         proc = run(*cmd)

@@ -53,7 +53,7 @@ from atlas.checks.roundtrip import (
     probes,
 )
 from atlas.config import ChecksConfig, ResourcesConfig, TrainingConfig
-from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
+from atlas.hashing import atomic_dir, atomic_write_json, is_bookkeeping, sha256_file, write_manifest
 from atlas.rl.checkpoint import load_trainable
 from atlas.rl.train import build_policy, inputs_of, open_session, parser, train_step
 from atlas.stage import code_files, log, run
@@ -211,7 +211,10 @@ def main(argv: list[str] | None = None) -> None:
         write_manifest(
             tmp,
             stage=f"checks/{name}",
-            inputs=[*inputs_of(args), *sorted(p for p in folder.rglob("*") if p.is_file())],
+            inputs=[
+                *inputs_of(args),
+                *sorted(p for p in folder.rglob("*") if p.is_file() and not is_bookkeeping(p.name)),
+            ],
             code=code_files(MODULE),
             config=s,
         )

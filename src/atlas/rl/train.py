@@ -35,7 +35,7 @@ from tqdm import tqdm
 from atlas.config import GraderConfig, PPOConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
 from atlas.hashing import sha256_file
 from atlas.model.policy import ActorCritic
-from atlas.rl import journal, regrade, tracking
+from atlas.rl import journal, recovery, regrade, runlock, tracking
 from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, save_compact
 from atlas.rl.potentials import Potential, make_potential
 from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
@@ -227,10 +227,13 @@ def main(argv: list[str] | None = None) -> None:
         TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"}),
     )
     root = args.checkpoints
+    runlock.guard(root, name)  # one writer per run folder, dying with its parent
 
     # The working folder: same config and inputs -> keep (resume); else move the old work aside.
     fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in inputs_of(args)}}
     digest = journal.open_root(root, fingerprint, training.resume_mode, name)
+    if training.resume_mode == "auto":  # bad checkpoints aside: resume from the last good one
+        recovery.check_checkpoints(root, name)
     sess = open_session(s, args)
     steps = sess.steps
 

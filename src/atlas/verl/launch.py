@@ -35,7 +35,7 @@ import yaml
 
 from atlas.config import AtlasConfig
 from atlas.hashing import atomic_path, atomic_write_json, sha256_file
-from atlas.rl import journal
+from atlas.rl import journal, recovery, runlock
 from atlas.rl.train import inputs_of, parser, validation_points
 from atlas.runtime.episode import SYSTEM_PROMPT, question_prompt
 from atlas.runtime.inputs import read_questions, smoke_slice
@@ -134,8 +134,11 @@ def main(argv: list[str] | None = None) -> None:
     cfg = slice_config(s)
     name, steps = s["training"]["run"]["name"], s["training"]["run"]["steps"]
     root = args.checkpoints
+    runlock.guard(root, name)  # one writer per run folder, dying with its parent
     fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in inputs_of(args)}}
     journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
+    if cfg.training.resume_mode == "auto":  # verl resumes from its tracker: only good steps stay
+        recovery.check_verl_checkpoints(root, root / "verl" / "checkpoints", name)
     overrides, metrics, episodes = prepare(args, cfg, name, steps, root)
     command = launch_command(overrides)
     if args.dry_run:
