@@ -182,4 +182,7 @@ def test_a_job_dies_with_the_process_that_started_it(tmp_path, through_shell):
     deadline = time.monotonic() + 10
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(child)
+    survived = _alive(child)
+    if survived:  # leave nothing running behind a failed test
+        os.kill(child, signal.SIGKILL)
+    assert not survived
