@@ -74,6 +74,9 @@ def test_stage_parser_refuses_an_input_that_differs_from_its_manifest(tmp_path):
     )
     assert msg.endswith(f"rebuild {out} before this stage reads it (snakemake --force {out})")
     assert isinstance(err.value, InputError)  # a stage ends with the message alone, exit status 1
+    with pytest.raises(CorruptInputError) as err:  # file arguments: the bad file is the target
+        verify_inputs([out / "big.bin", out / "small.json"])
+    assert str(err.value).endswith(f"(snakemake --force {out / 'small.json'})")
     (out / "big.bin").write_bytes(b"truncated")
     with pytest.raises(CorruptInputError, match=r"big\.bin: size 9, manifest says"):
         verify_inputs([out / "big.bin"])

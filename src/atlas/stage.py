@@ -43,12 +43,18 @@ def verify_inputs(paths: list[Path]) -> None:
             whole.append(path)
         elif path.is_file() and path.name != MANIFEST and (path.parent / MANIFEST).is_file():
             files.setdefault(path.parent, set()).add(path.name)
-    checks = [(folder, None, folder) for folder in whole]
-    checks += [(folder, names, folder / sorted(names)[0]) for folder, names in files.items()]
-    for folder, names, target in checks:
+    checks = [(folder, None) for folder in whole] + list(files.items())
+    for folder, names in checks:
         problems = verify(folder, check_sources=False, only=names)
         if problems:
             listed = "\n".join(f"  {p}" for p in problems)
+            # Snakemake rebuilds a directory output by its folder, a file output by the file
+            bad = [
+                folder / n
+                for n in sorted(names or ())
+                if any(p.startswith(f"{folder / n}:") for p in problems)
+            ]
+            target = bad[0] if bad else folder
             raise CorruptInputError(
                 f"input folder {folder} does not match its {MANIFEST}:\n{listed}\n"
                 f"rebuild {folder} before this stage reads it (snakemake --force {target})"
