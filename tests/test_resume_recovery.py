@@ -121,7 +121,12 @@ def test_sigkill_to_snakemake_leaves_no_orphan_and_a_rerun_finishes(trained, tmp
     assert _alive(job)
     os.kill(smk.pid, signal.SIGKILL)  # Snakemake itself, only
     smk.wait()
-    _wait(lambda: not _alive(job), 30)  # the training job went with it
+    try:
+        _wait(lambda: not _alive(job), 5)  # the training job went with it, at once
+    except AssertionError:
+        os.kill(job, signal.SIGKILL)  # leave no orphan behind a failed test
+        raise AssertionError(f"training job {job} outlived Snakemake") from None
+    assert not (wf / TARGET).exists()  # killed mid-run: it did not finish on its own
     run_snakemake(wf, "--unlock")
     run_snakemake(wf, "--cores", "2", TARGET)
     assert json.loads((wf / TARGET / "run.json").read_text())["run"] == RUN
