@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from atlas.config import TrainSlice
 from atlas.hashing import sha256_file
-from atlas.rl import journal, regrade, tracking
+from atlas.rl import journal, recovery, regrade, runlock, tracking
 from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, save_compact
 from atlas.rl.journal import checkpoint_points, validation_points
 from atlas.rl.metrics import call_advantages
@@ -41,10 +41,13 @@ def main(argv: list[str] | None = None) -> None:
     sl = TrainSlice.model_validate(s)
     name, training = sl.run.name, sl.training
     root = args.checkpoints
+    runlock.guard(root, name)  # one writer per run folder, dying with its parent
 
     # The working folder: same config and inputs -> keep (resume); else move the old work aside.
     fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in training_inputs(args)}}
     digest = journal.open_root(root, fingerprint, training.resume_mode, name)
+    if training.resume_mode == "auto":  # bad checkpoints aside: resume from the last good one
+        recovery.check_checkpoints(root, name)
     sess = open_session(sl, args)
     steps = sess.steps
 
