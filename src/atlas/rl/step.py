@@ -11,7 +11,8 @@ data) built from a run's config slice, and the command line the training-shaped 
     -> step metrics, call advantages
 
 The stage that loops over the steps (wandb, validation, checkpoints, resume) is atlas.stages.train;
-the checks stage reruns steps from checkpoints through the same function.
+the checks stage reruns steps from checkpoints through the same function. With more than one rank
+(atlas.rl.distributed) each rank rolls out its share of the step and the update is data-parallel.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import torch
 from atlas.config import GraderConfig, PPOConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
 from atlas.model.policy import ActorCritic
 from atlas.rl import journal
+from atlas.rl.distributed import DataParallel, Ranks, Share
 from atlas.rl.potentials import Potential, make_potential
-from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
+from atlas.rl.ppo import make_optimizers, make_schedulers, update
 from atlas.rl.rollout import (
     StepRollout,
     collect,
@@ -125,13 +127,15 @@ class Session:
     train_rows: list[dict]
     val_questions: list[dict]
     tests: dict
+    ranks: Ranks
+    dp: DataParallel | None  # DDP over the trainable tensors, with more than one rank
 
     @property
     def ppo(self) -> PPOConfig:
         return self.training.ppo
 
 
-def open_session(s: dict, args) -> Session:
+def open_session(s: dict, args, ranks: Ranks | None = None) -> Session:
     """The policy (fresh, seeded), its potential, optimizers and runtime, and the run's data."""
     runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
     resources = ResourcesConfig.model_validate(s["resources"])
@@ -142,7 +146,8 @@ def open_session(s: dict, args) -> Session:
     random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
     torch.manual_seed(seed)
     val_rows = read_questions(args.val)
-    ac, tokenizer = build_policy(args.model, training, seed, resources.device)
+    ranks = ranks or Ranks()
+    ac, tokenizer = build_policy(args.model, training, seed, ranks.device(resources.device))
     potential = build_potential(run_cfg, ac, args.snapshot)
     optimizers = make_optimizers(ac, training.ppo)
     return Session(
@@ -161,6 +166,8 @@ def open_session(s: dict, args) -> Session:
         train_rows=read_questions(args.train),
         val_questions=smoke_slice(val_rows, training.validation_questions or len(val_rows)),
         tests=read_tests(args.tests),
+        ranks=ranks,
+        dp=DataParallel(ac, ranks) if ranks.world > 1 else None,
     )
 
 
@@ -170,6 +177,8 @@ def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRol
     specs = episode_specs(
         step_questions(sess.train_rows, step), sess.tests, sess.training.responses_per_question
     )
+    share = Share(sess.ranks, len(specs))  # each rank rolls out its share; `whole` is all of them
+    specs = share.mine(specs)
     data = collect(
         sess.rt,
         specs,
@@ -183,20 +192,30 @@ def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRol
         seed=sess.seed,
         progress=lambda m: log(sess.name, f"step {step}: {m}"),
     )
+    whole = share.gather_rollout(data)
     if journal_rollouts is not None:
-        journal_rollouts(data)
-    if data.report.violations:
-        raise SystemExit(f"{sess.name} step {step}: {data.report.violations} protocol violations")
-    prep = prepare(sess.ac, data.batch, sess.ppo, sess.runtime.temperature)
+        journal_rollouts(whole)
+    if whole.report.violations:
+        raise SystemExit(f"{sess.name} step {step}: {whole.report.violations} protocol violations")
+    prep = share.prepare(sess.ac, data.batch, sess.ppo, sess.runtime.temperature)
     fill_records(data.episodes, prep)
+    whole = share.gather_rollout(data)
     if journal_rollouts is not None:
-        journal_rollouts(data)
-    metrics = {**data.timings, **prep.metrics}
+        journal_rollouts(whole)
+    metrics = {**whole.timings, **prep.metrics}
+    sync = sess.dp.step(share, sess.ppo.mini_batches) if sess.dp is not None else None
     metrics.update(
         update(
-            sess.ac, data.batch, prep, sess.optimizers, sess.schedulers, sess.ppo, sess.runtime.temperature
+            sess.ac,
+            data.batch,
+            prep,
+            sess.optimizers,
+            sess.schedulers,
+            sess.ppo,
+            sess.runtime.temperature,
+            sync,
         )
     )
-    metrics.update(step_summary(data.episodes, data.report))
+    metrics.update(step_summary(whole.episodes, whole.report))
     metrics["training/global_step"] = float(step + 1)
-    return data, metrics
+    return whole, metrics
