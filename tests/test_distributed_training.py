@@ -127,8 +127,8 @@ def test_two_ranks_step_metrics_match_one_process(runs):
 
 
 def test_two_ranks_records_match_one_process(runs):
-    a = pl.read_parquet(runs[1] / "records.parquet")
-    b = pl.read_parquet(runs[2] / "records.parquet")
+    a = measured(pl.read_parquet(runs[1] / "records.parquet"))
+    b = measured(pl.read_parquet(runs[2] / "records.parquet"))
     assert a.height == b.height > 0
     learned = ["value", "advantage"]
     assert a.drop(learned).equals(b.drop(learned))

@@ -163,8 +163,11 @@ class Share:
         if self.ranks.world == 1:
             return data
         episodes, report = self.gather_episodes(data.episodes, data.report)
-        timings = {k: max(t[k] for t in self.ranks.all_gather(data.timings)) for k in data.timings}
-        return replace(data, episodes=episodes, placed=self.gather(data.placed), report=report, timings=timings)
+        every = self.ranks.all_gather(data.timings)
+        timings = {k: max(t[k] for t in every) for k in data.timings}
+        return replace(
+            data, episodes=episodes, placed=self.gather(data.placed), report=report, timings=timings
+        )
 
     def prepare(self, ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -> Prepared:
         """This rank's rows of the step's Prepared: passes on the local rows, advantages and
