@@ -260,7 +260,7 @@ class StepSync(OneProcess):
             yield ddp
 
     def sums(self, sums: dict[str, float]) -> dict[str, float]:
-        keys = sorted(sums)
+        keys = list(sums)  # the same order on every rank: the same code filled it
         x = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
         if dist.get_backend() == "nccl":
             x = x.cuda()
