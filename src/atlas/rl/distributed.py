@@ -1,7 +1,7 @@
 """Data-parallel training: one training step on N ranks under torchrun, the same step as one process.
 
 `resources.gpus: N` (NCCL, one GPU a rank) or `resources.ranks: N` on a CPU (gloo) runs the
-training job as `torchrun --nproc-per-node N -m atlas.rl.train ...`. Each step:
+training job as `torchrun --nproc-per-node N -m atlas.stages.train ...`. Each step:
 
     the step's episodes (questions x responses, in schedule order) are dealt round-robin:
         episode j is rolled out by rank j % N; its seed depends on (question, sample, turn) only,
