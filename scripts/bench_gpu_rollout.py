@@ -106,7 +106,7 @@ def chat_requests(rt, batch: int, new: int, seed: int = 0, samples: int = 1):
     from atlas.runtime.engine import GenerationRequest
     from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
 
-    code = CodeBounds(rt_cfg().max_code_run, rt_cfg().max_code_escapes)
+    code = CodeBounds.of(rt_cfg())
     out = []
     for i in range(batch):
         q = i // samples

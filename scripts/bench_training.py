@@ -34,9 +34,10 @@ from atlas.hashing import atomic_write_json
 from atlas.rl.checkpoint import save_compact
 from atlas.rl.potentials import make_potential
 from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
-from atlas.rl.rollout import collect, episode_specs, fill_records, step_questions
+from atlas.rl.rollout import collect, fill_records, step_questions
 from atlas.rl.step import build_policy
 from atlas.runtime.inputs import read_questions, read_tests
+from atlas.runtime.rollouts import episode_specs
 from atlas.runtime.session import make_runtime
 
 REPO = Path(__file__).resolve().parent.parent

@@ -632,3 +632,112 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
     if stage == "validation":
         out["validation"] = {"samples": dumped["validation"]["samples"]}  # not the list of policies
     return out
+
+
+# --- typed stage slices: what a stage's --config-slice holds, validated on arrival ---
+#
+# The JSON is config_slice()'s (the rule's params: Snakemake compares it between runs). A training
+# stage's `training` holds its one run under `run`, not `runs`: editing another run must not rerun
+# it. The slice models put that run in its own typed field, so no stage picks keys out by hand.
+
+
+class RunSlice(RunConfig):
+    """The one training run a training-stage slice holds."""
+
+    name: str = Field(pattern=RUN_NAME, description="The run's name (training.runs.<name>).")
+    steps: int = Field(ge=1, description="Steps of the ordered schedule, resolved from schedule.steps.")
+
+
+class DoseRunSlice(DoseStepConfig):
+    """The dose step's settings, as the dose-step slice holds them."""
+
+    name: Literal["dose_step"] = Field(description="The stage's run name.")
+
+
+def split_training(training: dict[str, Any]) -> tuple[TrainingConfig, dict[str, Any] | None]:
+    """A slice's `training` JSON as the TrainingConfig of its engine keys (no runs: the slice holds
+    one, or none), and its `run` entry if it has one."""
+    keys = {k: v for k, v in training.items() if k != "run"}
+    keys.setdefault("runs", {})
+    keys.setdefault("dose_step", {"snapshot_of": None})  # the named run is not in this slice
+    return TrainingConfig.model_validate(keys), training.get("run")
+
+
+class _Slice(_Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _run_out_of_training(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("training"), dict):
+            training, run = split_training(data["training"])
+            data = {**data, "training": training}
+            if run is not None:
+                data["run"] = run
+        return data
+
+
+class DataSlice(_Slice):
+    data: DataConfig = Field(description="Question inputs.")
+    schedule: ScheduleConfig = Field(description="Ordered training schedule.")
+
+
+class ModelSlice(_Slice):
+    model: ModelConfig = Field(description="Base model.")
+
+
+class SmokeSlice(_Slice):
+    seed: int = Field(ge=0, description="Global seed.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    smoke: SmokeConfig = Field(description="The smoke stage.")
+    resources: ResourcesConfig = Field(description="Device (threads are not in any slice).")
+
+
+class BoundarySlice(_Slice):
+    seed: int = Field(ge=0, description="Global seed.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    resources: ResourcesConfig = Field(description="Device (threads are not in any slice).")
+
+
+class TrainSlice(_Slice):
+    """A training run's slice (train, and with `checks` the checks stage)."""
+
+    seed: int = Field(ge=0, description="Global seed.")
+    schedule: ScheduleConfig = Field(description="Ordered training schedule.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    training: TrainingConfig = Field(description="The training keys of the run's engine, without runs.")
+    resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
+    run: RunSlice = Field(description="The run this stage trains or checks.")
+
+
+class ChecksSlice(TrainSlice):
+    checks: ChecksConfig = Field(default_factory=ChecksConfig, description="The checks stage.")
+
+
+class DoseSlice(_Slice):
+    seed: int = Field(ge=0, description="Global seed.")
+    schedule: ScheduleConfig = Field(description="Ordered training schedule.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    training: TrainingConfig = Field(description="The training keys, without runs.")
+    resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
+    run: DoseRunSlice = Field(description="The doses and the potential being dosed.")
+
+
+class ValidationSamples(_Strict):
+    samples: int = Field(ge=1, description="Episodes per validation question.")
+
+
+class ValidationSlice(_Slice):
+    seed: int = Field(ge=0, description="Global seed.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    training: TrainingConfig = Field(description="The policy's adapter shape (LoRA keys); the rest default.")
+    resources: ResourcesConfig = Field(description="Device (threads are not in any slice).")
+    validation: ValidationSamples = Field(description="Full validation (not the list of policies).")
+
+
+class ReportSlice(_Slice):
+    study: str = Field(description="Name of the study.")
+    report: ReportConfig = Field(description="The report folder.")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from atlas.contracts.runs import STEP_METRICS
 from atlas.errors import InputError
 
 F64, I64, STR, BOOL = pl.Float64, pl.Int64, pl.String, pl.Boolean
@@ -35,10 +36,9 @@ def schema(columns: list[Column]) -> pl.Schema:
     return pl.Schema([(c.name, c.dtype) for c in columns])
 
 
-# --- the step metrics every training step writes (verl's names; atlas.rl.step) ---
+# --- what each step metric means (the catalogue and its order: atlas.contracts.runs) ---
 
-# Measured columns (timing_s/*, perf/*) differ run to run; every other metric is reproducible.
-STEP_METRICS: dict[str, str] = {
+METRIC_MEANINGS: dict[str, str] = {
     "training/global_step": "steps done after this step",
     "critic/score/mean": "mean episode score (graded submissions)",
     "critic/score/max": "max episode score",
@@ -101,6 +101,12 @@ STEP_METRICS: dict[str, str] = {
     "perf/cpu_memory_used_gb": "peak resident memory of the process, GiB (measured)",
     "perf/max_memory_allocated_gb": "peak CUDA memory allocated, GiB (measured; null on CPU)",
 }
+if tuple(METRIC_MEANINGS) != STEP_METRICS:  # every written metric is documented, in its order
+    raise ImportError(
+        "atlas.report.tables.METRIC_MEANINGS must describe exactly atlas.contracts.runs.STEP_METRICS, "
+        f"in order; missing {sorted(set(STEP_METRICS) - set(METRIC_MEANINGS))}, "
+        f"extra {sorted(set(METRIC_MEANINGS) - set(STEP_METRICS))}"
+    )
 
 STEP_METRICS_BY_RUN = [
     Column("run", STR, "training run (training.runs.<name>), or dose_step"),
@@ -109,7 +115,7 @@ STEP_METRICS_BY_RUN = [
     Column("potential", STR, "the run's potential (zero, critic_snapshot)"),
     Column("dose", F64, "shaping dose"),
     Column("step", I64, "0-based step of the ordered schedule"),
-    *[Column(name, F64, meaning) for name, meaning in STEP_METRICS.items()],
+    *[Column(name, F64, meaning) for name, meaning in METRIC_MEANINGS.items()],
 ]
 
 FULL_VALIDATION_VIEWS = [
@@ -185,7 +191,7 @@ ARMS_STEP_METRICS = [
     Column("potential", STR, "the arm's potential"),
     Column("dose", F64, "the arm's shaping dose"),
     Column("step", I64, "0-based step"),
-    *[Column(name, F64, STEP_METRICS[name]) for name in ARM_METRICS],
+    *[Column(name, F64, METRIC_MEANINGS[name]) for name in ARM_METRICS],
 ]
 
 ARMS_CALL_ADVANTAGE = [
@@ -277,7 +283,8 @@ def step_metrics_by_run(runs: list[RunFolder], dose_step: Path) -> pl.DataFrame:
         if unknown:
             raise InputError(
                 f"{run.path / 'step_metrics.parquet'}: metric columns {unknown} are not in "
-                "atlas.report.tables.STEP_METRICS; declare them there with their meaning"
+                "atlas.contracts.runs.STEP_METRICS; declare them there and their meaning in "
+                "atlas.report.tables.METRIC_MEANINGS"
             )
         info = run.info
         frames.append(

@@ -25,37 +25,24 @@ from pathlib import Path
 
 import torch
 
-from atlas.config import GraderConfig, PPOConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
+from atlas.config import GraderConfig, PPOConfig, RunConfig, RuntimeConfig, TrainingConfig, TrainSlice
 from atlas.model.policy import ActorCritic
 from atlas.rl import journal
 from atlas.rl.distributed import DataParallel, Ranks, Share
+from atlas.rl.metrics import step_summary
 from atlas.rl.potentials import Potential, make_potential
 from atlas.rl.ppo import make_optimizers, make_schedulers, update
 from atlas.rl.rollout import (
     StepRollout,
     collect,
-    episode_specs,
     fill_records,
     step_questions,
-    step_summary,
 )
 from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
-from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser, smoke_slice
+from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
+from atlas.runtime.rollouts import episode_specs
 from atlas.runtime.session import Runtime, load_model, make_runtime
 from atlas.stage import log
-
-
-def parser(description: str):
-    p = rollout_parser(description)
-    p.add_argument("--train", required=True, type=Path, help="results/data/train.parquet")
-    p.add_argument("--checkpoints", required=True, type=Path, help="results/checkpoints/<run>")
-    p.add_argument("--snapshot", type=Path, help="run folder whose critic is the frozen potential")
-    return p
-
-
-def inputs_of(args) -> list[Path]:
-    snapshot = [args.snapshot / "checkpoints.json"] if args.snapshot else []
-    return [args.train, args.val, args.tests, *model_files(args.model), *snapshot]
 
 
 def build_policy(model_dir: Path, training: TrainingConfig, seed: int, device: str):
@@ -80,15 +67,6 @@ def peak_memory() -> dict[str, float]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return out
-
-
-def validation_points(steps: int, every: int) -> list[int]:
-    """Steps done at which the policy is validated: before training, every k, and at the end."""
-    return sorted({0, steps, *range(every, steps + 1, every)})
-
-
-def checkpoint_points(steps: int, every: int) -> list[int]:
-    return sorted({steps, *range(every, steps + 1, every)})
 
 
 def validation_log(rows: list[dict]) -> dict[str, float]:
@@ -135,34 +113,29 @@ class Session:
         return self.training.ppo
 
 
-def open_session(s: dict, args, ranks: Ranks | None = None) -> Session:
+def open_session(sl: TrainSlice, args, ranks: Ranks | None = None) -> Session:
     """The policy (fresh, seeded), its potential, optimizers and runtime, and the run's data."""
-    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
-    resources = ResourcesConfig.model_validate(s["resources"])
-    run = s["training"]["run"]
-    run_cfg = RunConfig.model_validate({k: v for k, v in run.items() if k != "name"})
-    training = TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"})
-    seed = s["seed"]
+    runtime, graders, training, seed = sl.runtime, sl.graders, sl.training, sl.seed
     random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
     torch.manual_seed(seed)
     val_rows = read_questions(args.val)
     ranks = ranks or Ranks()
-    ac, tokenizer = build_policy(args.model, training, seed, ranks.device(resources.device))
-    potential = build_potential(run_cfg, ac, args.snapshot)
+    ac, tokenizer = build_policy(args.model, training, seed, ranks.device(sl.resources.device))
+    potential = build_potential(sl.run, ac, args.snapshot)
     optimizers = make_optimizers(ac, training.ppo)
     return Session(
-        name=run["name"],
-        steps=run["steps"],
+        name=sl.run.name,
+        steps=sl.run.steps,
         seed=seed,
         runtime=runtime,
         graders=graders,
         training=training,
-        run_cfg=run_cfg,
+        run_cfg=sl.run,
         ac=ac,
         rt=make_runtime(ac.peft, tokenizer, runtime),
         potential=potential,
         optimizers=optimizers,
-        schedulers=make_schedulers(optimizers, training.ppo, run["steps"]),
+        schedulers=make_schedulers(optimizers, training.ppo, sl.run.steps),
         train_rows=read_questions(args.train),
         val_questions=smoke_slice(val_rows, training.validation_questions or len(val_rows)),
         tests=read_tests(args.tests),

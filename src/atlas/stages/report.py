@@ -21,6 +21,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from atlas.config import ReportSlice
+from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.errors import InputError
 from atlas.hashing import MANIFEST, atomic_dir, atomic_write_text, write_manifest
 from atlas.report import card, figures
@@ -60,7 +62,7 @@ def gather_records(folders: dict[str, Path], dest: Path) -> list[str]:
 
 
 def protocol_rows(stages: dict[str, Path]) -> list[dict]:
-    keys = ("episodes", "completed", "generations", "records", "calls", "violations")
+    keys = PINNED_COUNTS
     rows = []
     for stage, folder in stages.items():
         p = read_json(folder / "protocol.json")
@@ -74,7 +76,8 @@ def protocol_rows(stages: dict[str, Path]) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     s = args.config_slice
-    arms = tuple(s["report"]["arms"])
+    sl = ReportSlice.model_validate(s)
+    arms = tuple(sl.report.arms)
     runs = [RunFolder(p, arms) for p in args.runs]
     missing = sorted(set(arms) - {r.name for r in runs})
     if missing:
@@ -114,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write_text(
             tmp / "README.md",
             card.render(
-                title=s["report"]["title"],
-                study=s["study"],
+                title=sl.report.title,
+                study=sl.study,
                 tables=tables,
                 protocol=protocol,
                 validation=validation,
