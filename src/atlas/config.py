@@ -523,12 +523,28 @@ class ResourcesConfig(_Strict):
         "nothing.",
     )
 
+    ranks: int | None = Field(
+        default=None,
+        ge=1,
+        description="Data-parallel ranks of each training job (torchrun processes, each rolling out "
+        "its share of a step's questions, then one synced update). null: one per GPU on cuda "
+        "(`gpus`), one process on cpu; on cpu a number runs that many gloo ranks. On cuda it must "
+        "equal `gpus`: one rank per GPU.",
+    )
+
+    @property
+    def world_size(self) -> int:
+        """The training job's rank count (1: a plain process, no torchrun)."""
+        return self.ranks or max(1, self.gpus)
+
     @model_validator(mode="after")
     def _gpus_need_cuda(self) -> ResourcesConfig:
         if self.gpus > 0 and self.device != "cuda":
             raise ValueError("gpus > 0 needs device: cuda")
         if self.device == "cuda" and self.gpus == 0:
             raise ValueError("device: cuda needs gpus >= 1")
+        if self.device == "cuda" and self.ranks is not None and self.ranks != self.gpus:
+            raise ValueError(f"ranks {self.ranks} with gpus {self.gpus}: on cuda each rank has one GPU")
         return self
 
 
@@ -696,7 +712,9 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
     dumped = config.model_dump(mode="json")
     out = {key: dumped[key] for key in STAGE_SLICES[stage]}
     if "resources" in out:
-        out["resources"] = {k: v for k, v in out["resources"].items() if k != "threads"}
+        # threads schedule jobs; ranks shape the training job (the checks read the run's slice)
+        dropped = ("threads",) if stage in ("training", "checks") else ("threads", "ranks")
+        out["resources"] = {k: v for k, v in out["resources"].items() if k not in dropped}
     if stage in ("training", "checks", "dose_step", "validation"):
         training = dict(out["training"])
         runs, dose = training.pop("runs"), training.pop("dose_step")
