@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call on the lent H200: install the carried wheels, run the GPU tests, then the
+# One device call on an H200: install the carried wheels, run the GPU tests, then the
 # rollout benchmark. Everything it prints and writes lands in $OUT.
 #
 #   carry: .whl and .gpu/tokenizer, both git-ignored (.git/info/exclude). Make them once:

@@ -1,5 +1,5 @@
 """The fast rollout path on a GPU: the compiled StaticEngine against HFEngine on the same seeds.
-Skips without CUDA (CI has none); scripts/gpu_session.sh runs it on the lent H200."""
+Skips without CUDA (CI has none); scripts/gpu_session.sh runs it on an H200."""
 
 from __future__ import annotations
 

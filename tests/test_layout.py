@@ -48,9 +48,8 @@ def test_ci_runs_the_readme_commands():
     readme = (REPO / "README.md").read_text()
     ci = (REPO / ".ci" / "run").read_text()
     for command in (
-        "python3 -m venv .venv && . .venv/bin/activate && pip install uv",
-        """uv pip install ${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"} torch==2.13.0 -e '.[test]'""",
-        "uv venv .venv-verl",
+        "bash scripts/setup.sh",
+        ". .venv/bin/activate",
         "python -m pytest\n",
         'ATLAS_REQUIRE_VERL=1 .venv-verl/bin/python -m pytest -m "not slow" tests/test_rl_math.py tests/test_verl_*.py',
     ):

@@ -1,4 +1,4 @@
-"""Grader-aware resume: re-grade a run's journaled records with today's graders before resuming.
+"""Grader-aware resume: re-grade a run's journaled records with the current graders before resuming.
 
 A grader fix reruns the training job (its code is an input), but the fix may change no reward
 this run ever earned, or only rewards from step k on. So before resuming, every executed call of
