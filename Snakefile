@@ -42,6 +42,8 @@ include: "rules/data.smk"
 include: "rules/model.smk"
 include: "rules/runtime.smk"
 include: "rules/training.smk"
+include: "rules/checks.smk"
+include: "rules/validation.smk"
 include: "rules/report.smk"
 
 

@@ -26,7 +26,7 @@ MODEL_DIR = (
 
 # The module a training job runs: the local trainer, or the verl launcher (same inputs, same
 # output folder, so both engines plan the same DAG).
-TRAIN_MODULE = {"local": "atlas.rl.train", "verl": "atlas.verl.launch"}[
+TRAIN_MODULE = {"local": "atlas.stages.train", "verl": "atlas.stages.train_verl"}[
     ATLAS.training.engine
 ]
 

@@ -5,7 +5,7 @@ rule prepare_data:
         gpqa_val=ATLAS.data.gpqa.val,
         lcb_train=ATLAS.data.lcb.train,
         lcb_val=ATLAS.data.lcb.val,
-        code=code("atlas.data.prepare"),
+        code=code("atlas.stages.prepare_data"),
     output:
         train="results/data/train.parquet",
         val="results/data/val.parquet",
@@ -19,4 +19,4 @@ rule prepare_data:
         slice=stage_slice("data"),
         out=lambda wildcards, output: os.path.dirname(output.manifest),
     shell:
-        "python -m atlas.data.prepare --config-slice {params.slice:q} --out {params.out} > {log} 2>&1"
+        "python -m atlas.stages.prepare_data --config-slice {params.slice:q} --out {params.out} > {log} 2>&1"

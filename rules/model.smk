@@ -4,7 +4,7 @@ if ATLAS.model.tiny is not None:
         """The embedded default's tokenizer and random-init Qwen3 model, built locally."""
         input:
             corpus=ATLAS.model.tiny.corpus,
-            code=code("atlas.model.build"),
+            code=code("atlas.stages.build_tiny_model"),
         output:
             directory(MODEL_DIR),
         log:
@@ -14,4 +14,4 @@ if ATLAS.model.tiny is not None:
         params:
             slice=stage_slice("model"),
         shell:
-            "python -m atlas.model.build --config-slice {params.slice:q} --out {output} > {log} 2>&1"
+            "python -m atlas.stages.build_tiny_model --config-slice {params.slice:q} --out {output} > {log} 2>&1"

@@ -39,7 +39,7 @@ rule report:
             "results/validation/{policy}", policy=ATLAS.validation.policies
         ),
         perf=ATLAS.report.perf_files,
-        code=code("atlas.report.build"),
+        code=code("atlas.stages.report"),
     output:
         report(
             directory("results/report25"),
@@ -56,7 +56,7 @@ rule report:
     params:
         slice=stage_slice("report"),
     shell:
-        "python -m atlas.report.build --config-slice {params.slice:q} --model {input.model}"
+        "python -m atlas.stages.report --config-slice {params.slice:q} --model {input.model}"
         " --runs {input.runs} --dose-step {input.dose_step} --smoke {input.smoke}"
         " --boundary {input.boundary} --checks {input.checks} --validation {input.validation}"
         " --perf {input.perf}"

@@ -4,7 +4,7 @@ rule smoke:
         val=rules.prepare_data.output.val,
         tests=rules.prepare_data.output.tests,
         model=MODEL_DIR,
-        code=code("atlas.runtime.smoke"),
+        code=code("atlas.stages.smoke"),
     output:
         directory("results/runs/smoke"),
     log:
@@ -15,7 +15,7 @@ rule smoke:
     params:
         slice=stage_slice("smoke"),
     shell:
-        "OMP_NUM_THREADS={threads} python -m atlas.runtime.smoke --config-slice {params.slice:q} --val {input.val}"
+        "OMP_NUM_THREADS={threads} python -m atlas.stages.smoke --config-slice {params.slice:q} --val {input.val}"
         " --tests {input.tests} --model {input.model} --out {output} > {log} 2>&1"
 
 
@@ -25,7 +25,7 @@ rule boundary:
         val=rules.prepare_data.output.val,
         tests=rules.prepare_data.output.tests,
         model=MODEL_DIR,
-        code=code("atlas.runtime.boundary"),
+        code=code("atlas.stages.boundary"),
     output:
         directory("results/runs/boundary"),
     log:
@@ -36,5 +36,5 @@ rule boundary:
     params:
         slice=stage_slice("boundary"),
     shell:
-        "OMP_NUM_THREADS={threads} python -m atlas.runtime.boundary --config-slice {params.slice:q} --val {input.val}"
+        "OMP_NUM_THREADS={threads} python -m atlas.stages.boundary --config-slice {params.slice:q} --val {input.val}"
         " --tests {input.tests} --model {input.model} --out {output} > {log} 2>&1"

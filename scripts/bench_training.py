@@ -35,7 +35,7 @@ from atlas.rl.checkpoint import save_compact
 from atlas.rl.potentials import make_potential
 from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
 from atlas.rl.rollout import collect, episode_specs, fill_records, step_questions
-from atlas.rl.train import build_policy
+from atlas.rl.step import build_policy
 from atlas.runtime.inputs import read_questions, read_tests
 from atlas.runtime.session import make_runtime
 

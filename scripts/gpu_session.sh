@@ -54,7 +54,7 @@ if [[ $what == train ]]; then
   # The local engine's training loop on CUDA (StaticEngine rollouts, compiled), 2 steps of the tiny
   # model (carry results/models/tiny, results/data and .gpu/train_gpu_slice.json: the
   # training_smoke slice with resources cuda/1 and wandb disabled), then the GPU tests.
-  timeout 300 python3 -m atlas.rl.train --config-slice "$(cat .gpu/train_gpu_slice.json)" \
+  timeout 300 python3 -m atlas.stages.train --config-slice "$(cat .gpu/train_gpu_slice.json)" \
     --train results/data/train.parquet --val results/data/val.parquet --tests results/data/tests.parquet \
     --model results/models/tiny --checkpoints "$OUT/checkpoints" --out "$OUT/run" 2>&1 \
     | grep -v -i "warn\|softmax\|inductor\|important use\|^$" | tail -60 | tee "$OUT/train_gpu.log"
@@ -72,7 +72,7 @@ if [[ $what == dp ]]; then
   # resources/perf/h200x2_dp_1.7b.json came from these lines and
   #   python scripts/dp_scaling.py OUT/dp_1.json OUT/dp_2.json --roundtrip OUT/roundtrip --out resources/perf/h200x2_dp_1.7b.json
   export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 OMP_NUM_THREADS=4 PYTHONPATH=$PYTHONPATH:$PWD/scripts
-  timeout 100 torchrun --standalone --nproc-per-node 2 -m atlas.checks.distributed --model results/models/tiny \
+  timeout 100 torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip --model results/models/tiny \
     --run-folder results/runs/training_smoke --training "$(cat .gpu/training_smoke_slice.json)" --seed 0 \
     --out "$OUT/roundtrip" 2>&1 | grep -v -i warn | tail -8 | tee "$OUT/roundtrip.log"
   for n in 2 1; do

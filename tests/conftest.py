@@ -138,7 +138,15 @@ def _build_model(out: Path, **tiny_overrides) -> Path:
     s = config_slice(load_config(REPO / "config" / "config.yaml"), "model")
     s["model"]["tiny"].update(tiny_overrides)
     subprocess.run(
-        [sys.executable, "-m", "atlas.model.build", "--config-slice", json.dumps(s), "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "atlas.stages.build_tiny_model",
+            "--config-slice",
+            json.dumps(s),
+            "--out",
+            str(out),
+        ],
         cwd=REPO,
         check=True,
         capture_output=True,
@@ -156,14 +164,14 @@ def tiny_model(tmp_path_factory) -> Path:
 def data_dir(tmp_path_factory) -> Path:
     """results/data/ of the embedded default, prepared once per test session."""
     from atlas.config import config_slice, load_config
-    from atlas.data import prepare
+    from atlas.stages import prepare_data
 
     out = tmp_path_factory.mktemp("data")
     s = config_slice(load_config(REPO / "config" / "config.yaml"), "data")
     for source in ("gpqa", "lcb"):
         for split in ("train", "val"):
             s["data"][source][split] = str(REPO / s["data"][source][split])
-    prepare.main(["--config-slice", json.dumps(s), "--out", str(out)])
+    prepare_data.main(["--config-slice", json.dumps(s), "--out", str(out)])
     return out
 
 

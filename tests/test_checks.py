@@ -14,9 +14,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from atlas.checks.compact import CheckFailed, compact_checkpoint_validation, optimizer_counts
+from atlas.checks.compact import CheckFailed, compact_checkpoint_validation, optimizer_counts, verify_index
 from atlas.checks.roundtrip import batch_math, same_metrics
-from atlas.checks.stage import verify_index
 from atlas.config import config_slice, load_config
 from atlas.hashing import verify
 from conftest import REPO
@@ -254,7 +253,7 @@ def test_distributed_roundtrip_records(pipeline, run):
 def test_a_diverging_rank_is_named(pipeline, tmp_path):
     training = config_slice(CFG, "training", "zero_potential")["training"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["-m", "atlas.checks.distributed", "--model", "results/models/tiny", "--run-folder"]
+    cmd += ["-m", "atlas.stages.distributed_roundtrip", "--model", "results/models/tiny", "--run-folder"]
     cmd += ["results/runs/zero_potential", "--training", json.dumps(training), "--out", str(tmp_path)]
     proc = subprocess.run(
         [*cmd, "--perturb-rank", "1"], cwd=pipeline, capture_output=True, text=True, timeout=300

@@ -1,11 +1,14 @@
 """The repository's own promises: layout, fixtures we can regenerate, environments in step."""
 
+import ast
+import re
 import subprocess
 import sys
 
 import tomllib
 import yaml
 
+from atlas import sources
 from conftest import FIXTURES, REPO
 
 
@@ -54,3 +57,44 @@ def test_ci_runs_the_readme_commands():
         'ATLAS_REQUIRE_VERL=1 .venv-verl/bin/python -m pytest -m "not slow" tests/test_rl_math.py tests/test_verl_*.py',
     ):
         assert command in readme and command in ci, command
+
+
+def _rules() -> dict[str, str]:
+    """Rule name -> the text of its block, from every rules/*.smk."""
+    blocks = {}
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        parts = re.split(r"^\s*rule (\w+):\n", smk.read_text(), flags=re.M)
+        blocks.update(zip(parts[1::2], parts[2::2], strict=True))
+    return blocks
+
+
+def test_every_rule_runs_the_stage_module_of_its_name():
+    common = (REPO / "rules" / "common.smk").read_text()
+    train_modules = re.search(r"TRAIN_MODULE = (\{.*?\})", common, flags=re.S).group(1)
+    assert ast.literal_eval(train_modules) == {
+        "local": "atlas.stages.train",
+        "verl": "atlas.stages.train_verl",
+    }
+    rules = _rules()
+    assert {"prepare_data", "smoke", "boundary", "train", "dose_step", "checks"} <= set(rules)
+    assert {"distributed_roundtrip", "validation", "report", "build_tiny_model"} <= set(rules)
+    for rule, block in rules.items():
+        if rule == "train":  # the engine picks the module; both are stages of this rule
+            assert "code=code(TRAIN_MODULE)" in block and "-m {params.module} " in block
+            continue
+        assert f'code=code("atlas.stages.{rule}")' in block, rule
+        assert re.findall(r"-m (atlas[\w.]*)", block) == [f"atlas.stages.{rule}"], rule
+    stages = {p.stem for p in (REPO / "src" / "atlas" / "stages").glob("*.py")} - {"__init__"}
+    assert stages == set(rules) | {"train_verl"}
+
+
+def test_no_module_imports_a_stage():
+    src = REPO / "src"
+    for path in sorted((src / "atlas").rglob("*.py")):
+        name = ".".join(path.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
+        if name == "atlas.stages":
+            continue
+        imported = sources._imports(src, name, path)
+        assert not {m for m in imported if m.startswith("atlas.stages")}, name
+        if name.startswith("atlas.stages."):
+            assert "def main(" in path.read_text(), name

@@ -32,7 +32,7 @@ def test_report25_config_plans_against_user_data(tmp_path):
 
 
 def test_verl_engine_plans_the_same_dag_as_local(tmp_path):
-    # engine: verl swaps the module a training job runs (atlas.verl.launch), nothing else: the
+    # engine: verl swaps the module a training job runs (atlas.stages.train_verl), nothing else: the
     # same jobs, the same outputs, the same plan from an empty results/.
     wf = copy_workflow(tmp_path)
     (wf / "verl.yaml").write_text(yaml.safe_dump({"training": {"engine": "verl"}}))
@@ -42,8 +42,8 @@ def test_verl_engine_plans_the_same_dag_as_local(tmp_path):
     assert key(verl) == key(local)
     assert {r["rule"] for r in local} >= {"train", "checks", "validation", "report"}
     proc = run_snakemake(wf, "-n", "-p", "results/runs/zero_potential", "--configfile", "verl.yaml")
-    assert "python -m atlas.verl.launch --config-slice" in proc.stdout
-    assert "python -m atlas.rl.train" not in proc.stdout
+    assert "python -m atlas.stages.train_verl --config-slice" in proc.stdout
+    assert "python -m atlas.stages.train " not in proc.stdout
 
 
 @pytest.mark.slow

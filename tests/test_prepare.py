@@ -5,9 +5,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from atlas.config import config_slice, load_config
-from atlas.data import prepare
 from atlas.data.schema import TESTS_SCHEMA, TRAIN_SCHEMA, VAL_SCHEMA, DataError
 from atlas.hashing import verify
+from atlas.stages import prepare_data
 from conftest import FIXTURES, REPO, read_csv, write_csv
 
 
@@ -25,7 +25,7 @@ def slice_with(tmp_path, **files):
 
 def run(tmp_path, s):
     out = tmp_path / "data"
-    prepare.main(["--config-slice", json.dumps(s), "--out", str(out)])
+    prepare_data.main(["--config-slice", json.dumps(s), "--out", str(out)])
     return out
 
 

@@ -3,9 +3,10 @@ from conftest import REPO
 
 
 def test_data_stage_runs_the_readers_but_not_the_model():
-    files = module_files("atlas.data.prepare", relative_to=REPO)
-    for f in ("gpqa.py", "lcb.py", "schedule.py", "schema.py", "prepare.py", "__init__.py"):
+    files = module_files("atlas.stages.prepare_data", relative_to=REPO)
+    for f in ("gpqa.py", "lcb.py", "schedule.py", "schema.py", "__init__.py"):
         assert f"src/atlas/data/{f}" in files
+    assert "src/atlas/stages/prepare_data.py" in files and "src/atlas/stages/__init__.py" in files
     for f in ("__init__.py", "config.py", "hashing.py", "stage.py", "errors.py", "sources.py"):
         assert f"src/atlas/{f}" in files
     assert not any(f.startswith("src/atlas/model/") for f in files)
@@ -13,7 +14,7 @@ def test_data_stage_runs_the_readers_but_not_the_model():
 
 
 def test_model_stage_does_not_run_the_readers():
-    files = module_files("atlas.model.build", relative_to=REPO)
+    files = module_files("atlas.stages.build_tiny_model", relative_to=REPO)
     assert "src/atlas/model/tiny.py" in files and "src/atlas/model/__init__.py" in files
     assert not any(f.startswith("src/atlas/data/") for f in files)
 

@@ -242,7 +242,7 @@ def test_dose_step_shaped_returns_differ_by_the_telescoped_potential(pipeline):
 
 
 def _training_pids(workdir: Path) -> list[int]:
-    """The python processes running `-m atlas.rl.train` in `workdir` (not their shell wrapper)."""
+    """The python processes running `-m atlas.stages.train` in `workdir` (not their shell wrapper)."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
@@ -253,7 +253,7 @@ def _training_pids(workdir: Path) -> list[int]:
         if (
             here
             and b"-m" in argv
-            and argv[argv.index(b"-m") + 1 : argv.index(b"-m") + 2] == [b"atlas.rl.train"]
+            and argv[argv.index(b"-m") + 1 : argv.index(b"-m") + 2] == [b"atlas.stages.train"]
         ):
             pids.append(int(proc.name))
     return pids

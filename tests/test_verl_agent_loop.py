@@ -309,7 +309,14 @@ def converted(played, tiny_model, data_dir, tmp_path_factory):
     )
     s = config_slice(_cfg(), "training", RUN)
     convert.assemble_run(
-        args, root, s, name=RUN, steps=1, validated=[0, 1], module="atlas.verl.launch", code=lambda m: []
+        args,
+        root,
+        s,
+        name=RUN,
+        steps=1,
+        validated=[0, 1],
+        module="atlas.stages.train_verl",
+        code=lambda m: [],
     )
     return args, s, trained
 
@@ -365,7 +372,7 @@ def test_launcher_dry_run_prepares_a_run_verl_accepts(tiny_model, data_dir, tmp_
     # settings, and overrides composed and checked by verl's loader (one GPU asked for).
     import yaml
 
-    from atlas.verl import launch
+    from atlas.stages import train_verl
 
     raw = load_config(REPO / "config" / "config.yaml").model_dump(mode="json")
     raw["training"]["engine"] = "verl"
@@ -383,7 +390,7 @@ def test_launcher_dry_run_prepares_a_run_verl_accepts(tiny_model, data_dir, tmp_
         str(tmp_path / "run"),
         "--dry-run",
     ]
-    launch.main(argv)
+    train_verl.main(argv)
 
     import polars as pl
 
@@ -410,8 +417,8 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
     import subprocess
     import sys
 
-    from atlas.checks import stage
     from atlas.checks.compact import CheckFailed
+    from atlas.stages import checks as checks_stage
 
     args, s, _ = converted
     # the launcher's slice: engine verl, and the one step the converted run has
@@ -420,7 +427,14 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
     subprocess.run(
         [
             *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
-            *("-m", "atlas.checks.distributed", "--model", str(args.model), "--run-folder", str(args.out)),
+            *(
+                "-m",
+                "atlas.stages.distributed_roundtrip",
+                "--model",
+                str(args.model),
+                "--run-folder",
+                str(args.out),
+            ),
             *("--training", json.dumps(s["training"]), "--seed", str(s["seed"]), "--out", str(distributed)),
         ],
         check=True,
@@ -429,7 +443,7 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
     )
 
     def checks(config: dict, out: Path) -> None:
-        stage.main(
+        checks_stage.main(
             [
                 *("--config-slice", json.dumps(config), "--train", str(args.train)),
                 *("--val", str(args.val), "--tests", str(args.tests), "--model", str(args.model)),

@@ -4,11 +4,11 @@
     python -m atlas schema [--check FILE]     print the config JSON schema (or check a copy of it)
     python -m atlas config FILE               validate a config file and print it with defaults
     python -m atlas sources MODULE            the source files a stage module runs
-    python -m atlas data ...                  = python -m atlas.data.prepare ...
-    python -m atlas model ...                 = python -m atlas.model.build ...
+    python -m atlas data ...                  = python -m atlas.stages.prepare_data ...
+    python -m atlas model ...                 = python -m atlas.stages.build_tiny_model ...
     python -m atlas grade lcb --problem ROW.json --code PROG.py   one JSON verdict
 
-Snakemake rules call the stage modules directly (`python -m atlas.data.prepare`), so an edit to
+Snakemake rules call the stage modules directly (`python -m atlas.stages.prepare_data`), so an edit to
 this dispatcher reruns nothing.
 """
 
@@ -20,7 +20,11 @@ import json
 import sys
 from pathlib import Path
 
-STAGES = {"data": "atlas.data.prepare", "model": "atlas.model.build", "grade": "atlas.graders.cli"}
+STAGES = {
+    "data": "atlas.stages.prepare_data",
+    "model": "atlas.stages.build_tiny_model",
+    "grade": "atlas.graders.cli",
+}
 
 
 def _verify(paths: list[str], skip_sources: bool) -> int:

@@ -129,3 +129,14 @@ def adapter_hashes(adapters: Path) -> dict[str, str]:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def verify_index(index: dict) -> None:
+    """Every checkpoint file still has the bytes the run recorded in checkpoints.json."""
+    for c in index["checkpoints"]:
+        for name, entry in c["files"].items():
+            path = Path(c["path"]) / name
+            if not path.is_file():
+                raise CheckFailed(f"{path}: missing; checkpoints.json lists it")
+            if (digest := sha256_file(path)) != entry["sha256"]:
+                raise CheckFailed(f"{path}: sha256 {digest}, checkpoints.json recorded {entry['sha256']}")

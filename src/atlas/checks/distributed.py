@@ -2,7 +2,7 @@
 
 Started by torchrun (gloo on CPU, NCCL on GPUs), world size 2 in the pipeline:
 
-    torchrun --standalone --nproc-per-node 2 -m atlas.checks.distributed --model results/models/tiny \
+    torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip --model results/models/tiny \
         --run-folder results/runs/<run> --training '{...}' --out <folder>
 
 Each rank builds the policy, shards it with `fully_shard` (each decoder layer, then the LM, and
@@ -30,24 +30,18 @@ so the gathered gradients leave the single-process ones and the check names the 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import os
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
 from atlas.checks.roundtrip import next_token_logprobs
 from atlas.config import TrainingConfig
-from atlas.hashing import atomic_write_json
 from atlas.model.policy import ROLES, ActorCritic
 
 ATOL, RTOL = 1e-6, 1e-5
@@ -114,107 +108,3 @@ def step_grads(ac, ids, sampled, score, adv, total, scale) -> dict[str, torch.Te
 
 def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, type=Path)
-    ap.add_argument("--run-folder", required=True, type=Path)
-    ap.add_argument("--training", required=True, type=json.loads, help="the run's training config slice")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--perturb-rank", type=int, default=None)
-    args = ap.parse_args(argv)
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-        # float32 matmuls in full precision on both sides of the comparison (no TF32)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    training = TrainingConfig.model_validate({k: v for k, v in args.training.items() if k != "run"})
-    tensors, step, path = checkpoint_tensors(args.run_folder)
-    batch = fixed_batch(args.run_folder / "trajectories.parquet", rows=2 * world)
-    ids, sampled, score = (t.to(device) for t in batch)
-    total = float(sampled[:, 1:].sum())
-    lr = {"actor": training.ppo.actor_lr, "critic": training.ppo.critic_lr}
-
-    # The reference: one process, the whole batch, no sharding.
-    ref = build(args.model, training, args.seed).to(device)
-    load_full(ref, tensors)
-    # The centred score, plus a fixed +-1 per row so the actor term never vanishes (equal scores).
-    adv = score - score.mean() + torch.tensor([(-1.0) ** i for i in range(len(score))], device=device)
-    ref_grads = step_grads(ref, ids, sampled, score, adv, total, 1.0)
-
-    ac = build(args.model, training, args.seed).to(device)
-    for layer in ac.peft.base_model.model.model.layers:
-        fully_shard(layer)
-    fully_shard(ac.peft)
-    fully_shard(ac.value_head)
-    load_full(ac, tensors)
-    loaded = {n: full(p) for role in ROLES for n, p in ac.trainable(role).items()}
-    mismatch = [n for n, t in loaded.items() if not torch.equal(t, tensors[n])]
-    if rank == args.perturb_rank:
-        with torch.no_grad():
-            for p in ac.trainable("actor").values():
-                p.to_local().add_(0.1)
-    half = slice(rank * len(ids) // world, (rank + 1) * len(ids) // world)
-    grads = step_grads(ac, ids[half], sampled[half], score[half], adv[half], total, float(world))
-    excess = {
-        n: ((grads[n] - ref_grads[n]).abs() - RTOL * ref_grads[n].abs()).max().item() for n in sorted(grads)
-    }
-    off = [n for n, e in excess.items() if e > ATOL]
-    max_abs = max((grads[n] - ref_grads[n]).abs().max().item() for n in grads)
-    for role in ROLES:
-        opt = torch.optim.AdamW(list(ac.trainable(role).values()), lr=lr[role])
-        opt.step()
-    digests = {n: digest(full(p)) for role in ROLES for n, p in sorted(ac.trainable(role).items())}
-    everyone: list[dict] = [None] * world  # type: ignore[list-item]
-    dist.all_gather_object(everyone, digests)
-    diverged = sorted(n for n in digests if len({d[n] for d in everyone}) > 1)
-    record = {
-        "rank": rank,
-        "world_size": world,
-        "backend": dist.get_backend(),
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "checkpoint": path,
-        "step": step,
-        "batch_rows": int(len(ids)),
-        "rows_on_this_rank": int(ids[half].shape[0]),
-        "tokens": total,
-        "loaded_tensors_equal": not mismatch,
-        "grad_max_abs_diff_vs_single_process": max_abs,
-        "tolerance": {"atol": ATOL, "rtol": RTOL},
-        "grads_within_tolerance": not off,
-        "tensors_out_of_tolerance": off[:10],
-        "parameter_digest": hashlib.sha256("".join(digests[n] for n in sorted(digests)).encode()).hexdigest(),
-        "digests_agree_across_ranks": not diverged,
-        "diverged_tensors": diverged[:10],
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(args.out / f"distributed_roundtrip_rank_{rank}.json", record)
-    dist.destroy_process_group()
-    problems = []
-    if mismatch:
-        problems.append(
-            f"rank {rank}: tensor {mismatch[0]} differs from {path} after loading into the shards"
-        )
-    if off:
-        problems.append(
-            f"rank {rank}: gradient of {off[0]} differs from the single-process step beyond "
-            f"{ATOL} + {RTOL} * |g| ({len(off)} tensors; max abs diff {max_abs:.3g})"
-        )
-    if diverged:
-        problems.append(f"rank {rank}: tensor {diverged[0]} differs across ranks after the step")
-    if problems:
-        print("error: " + "; ".join(problems), file=sys.stderr)
-        raise SystemExit(1)
-    print(
-        f"rank {rank}: ok, grad max abs diff {max_abs:.3g}, digest {record['parameter_digest'][:16]}",
-        file=sys.stderr,
-    )
-
-
-if __name__ == "__main__":
-    main()

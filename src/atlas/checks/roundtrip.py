@@ -85,7 +85,7 @@ def same_metrics(got: dict[str, float], want: dict[str, float | None], where: st
 def cpu_roundtrip(
     open_fresh, folder: Path, step: int, next_metrics: dict | None, ids: torch.Tensor, train_step
 ) -> dict:
-    """`open_fresh()` gives a new training session (atlas.rl.train.Session); `train_step(sess, k)`
+    """`open_fresh()` gives a new training session (atlas.rl.step.Session); `train_step(sess, k)`
     runs step k; `next_metrics` are the journaled metrics of step `step` (None: no resumed step,
     after the last checkpoint or past checks.resumed_steps)."""
     a = open_fresh()

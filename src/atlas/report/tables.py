@@ -35,7 +35,7 @@ def schema(columns: list[Column]) -> pl.Schema:
     return pl.Schema([(c.name, c.dtype) for c in columns])
 
 
-# --- the step metrics every training step writes (verl's names; atlas.rl.train) ---
+# --- the step metrics every training step writes (verl's names; atlas.rl.step) ---
 
 # Measured columns (timing_s/*, perf/*) differ run to run; every other metric is reproducible.
 STEP_METRICS: dict[str, str] = {

@@ -232,7 +232,7 @@ def assemble_run(
 ) -> None:
     """The run folder from the journal (journal.assemble), with verl's checkpoints converted to
     policy checkpoints (checkpoints.json) and the last one exported as adapters/."""
-    from atlas.rl.train import inputs_of
+    from atlas.rl.step import inputs_of
 
     index = verl_checkpoints(root / "verl" / "checkpoints")
     saved = policy_checkpoints(root, index)

@@ -1,7 +1,9 @@
-"""Training stage on verl (`training.engine: verl`): one run through verl's V1 synchronous PPO.
+"""Preparing a run on verl (`training.engine: verl`): verl's datasets, the agent loop's settings
+and the Hydra overrides, composed and checked by verl's own loader before any GPU is asked for.
 
-The `train` rule runs this module instead of atlas.rl.train when the engine is verl; the inputs,
-the output folder and the checkpoints folder are the same, so the DAG is the same. In order:
+atlas.stages.train_verl, the `train` rule's module when the engine is verl, prepares with this
+module, launches verl and converts its outputs; the inputs, the output folder and the checkpoints
+folder are those of a local run, so the DAG is the same. In order:
 
     results/checkpoints/<run>/            (not a declared output; a rerun finds it)
         verl/data/{train,val}.parquet     the run's ordered schedule and validation questions in
@@ -13,38 +15,22 @@ the output folder and the checkpoints folder are the same, so the DAG is the sam
         episodes/<phase>/global_step_<g>/  one file per episode, from the agent loop
     -> python -m verl.trainer.main_ppo <overrides>   (a Ray cluster: training.verl.ray_address)
     -> atlas.verl.convert: the journal, then the same run folder a local run gets
-
-    python -m atlas.verl.launch --config-slice '<json>' --train results/data/train.parquet \\
-        --val results/data/val.parquet --tests results/data/tests.parquet \\
-        --model results/models/tiny --checkpoints results/checkpoints/zero_potential \\
-        --out results/runs/zero_potential [--dry-run]
-
-`--dry-run` writes everything up to the overrides (and checks them against verl's config) and
-prints the command instead of running it.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import subprocess
 from pathlib import Path
 
 import polars as pl
 import yaml
 
 from atlas.config import AtlasConfig
-from atlas.hashing import atomic_path, atomic_write_json, sha256_file
-from atlas.rl import journal
-from atlas.rl.train import inputs_of, parser, validation_points
+from atlas.hashing import atomic_path, atomic_write_json
 from atlas.runtime.episode import SYSTEM_PROMPT, question_prompt
 from atlas.runtime.inputs import read_questions, smoke_slice
-from atlas.stage import code_files, log, run
-from atlas.verl import convert
-from atlas.verl.agent_loop import AGENT_NAME, LoopSettings, slice_config
-from atlas.verl.config import VerlPaths, compose, launch_command, verl_overrides, write_overrides
+from atlas.verl.agent_loop import AGENT_NAME, LoopSettings
+from atlas.verl.config import VerlPaths, compose, verl_overrides, write_overrides
 
-MODULE = "atlas.verl.launch"
 REWARD_FN = Path(__file__).with_name("reward.py")
 
 
@@ -124,48 +110,3 @@ def prepare(args, cfg: AtlasConfig, name: str, steps: int, root: Path) -> tuple[
     compose(overrides)  # verl's own loader and startup checks, before any GPU is asked for
     write_overrides(verl_dir / "overrides.txt", overrides)
     return overrides, metrics, episodes
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--dry-run", action="store_true", help="prepare and check, print the command, stop")
-    args = p.parse_args(argv)
-    s = args.config_slice
-    cfg = slice_config(s)
-    name, steps = s["training"]["run"]["name"], s["training"]["run"]["steps"]
-    root = args.checkpoints
-    fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in inputs_of(args)}}
-    journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
-    overrides, metrics, episodes = prepare(args, cfg, name, steps, root)
-    command = launch_command(overrides)
-    if args.dry_run:
-        print(shlex.join(command))
-        return
-    env = dict(os.environ)
-    if cfg.training.verl.ray_address:
-        env["RAY_ADDRESS"] = cfg.training.verl.ray_address
-    log_path = metrics.with_name(metrics.name.replace("metrics_", "launch_").replace(".jsonl", ".log"))
-    log(name, "launching verl", log=log_path, overrides=len(overrides))
-    with open(log_path, "w") as out:
-        done = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-40:])
-        raise SystemExit(f"verl exited with status {done.returncode}; last lines of {log_path}:\n{tail}")
-    points = validation_points(steps, cfg.training.validation_every)
-    convert.write_journal(
-        root,
-        run=name,
-        steps=steps,
-        validated=points,
-        records_dir=episodes,
-        metrics_files=sorted(metrics.parent.glob("metrics_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])),
-        gamma=cfg.training.ppo.gamma,
-        dose=cfg.training.runs[name].dose,
-    )
-    convert.assemble_run(
-        args, root, s, name=name, steps=steps, validated=points, module=MODULE, code=code_files
-    )
-
-
-if __name__ == "__main__":
-    run(main)

@@ -11,7 +11,7 @@ normalised question text), draws the ordered schedule, and writes
 
 Every check runs before the first byte is written, and each file is replaced atomically.
 
-    python -m atlas.data.prepare --config-slice '{"data": ..., "schedule": ...}' --out results/data
+    python -m atlas.stages.prepare_data --config-slice '{"data": ..., "schedule": ...}' --out results/data
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from atlas.hashing import atomic_path, write_manifest
 from atlas.stage import code_files, log, run, stage_parser
 
 STAGE = "data"
-MODULE = "atlas.data.prepare"
+MODULE = "atlas.stages.prepare_data"
 
 
 def read_source(data: DataConfig, source: str, split: str) -> list[Question]:

@@ -9,7 +9,7 @@ once (a crash leaves nothing half-written):
     README.md                       a Hugging Face dataset card (atlas.report.card)
     MANIFEST.json                   sha256 and size of each file; inputs, code and config
 
-    python -m atlas.report.build --config-slice '{...}' --model results/models/tiny \
+    python -m atlas.stages.report --config-slice '{...}' --model results/models/tiny \
         --runs results/runs/training_smoke results/runs/zero_potential ... \
         --dose-step results/runs/dose_step --smoke results/runs/smoke --boundary results/runs/boundary \
         --checks results/checks/training_smoke ... --validation results/validation/base ... \
@@ -27,7 +27,7 @@ from atlas.report import card, figures
 from atlas.report.tables import RunFolder, build_tables, read_json
 from atlas.stage import code_files, log, run, stage_parser
 
-MODULE = "atlas.report.build"
+MODULE = "atlas.stages.report"
 
 
 def parser():

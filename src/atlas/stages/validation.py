@@ -14,7 +14,7 @@ differ from their seeded initial values. Every trajectory must complete with a s
 does not, or a protocol check fails, the stage stops before its folder is renamed into place, so
 an incomplete validation never looks finished (the summary goes to the log).
 
-    python -m atlas.checks.validation --config-slice '{...}' --val results/data/val.parquet \
+    python -m atlas.stages.validation --config-slice '{...}' --val results/data/val.parquet \
         --tests results/data/tests.parquet --model results/models/tiny \
         [--run-folder results/runs/zero_potential] --policy zero_potential --out results/validation/zero_potential
 """
@@ -44,7 +44,7 @@ from atlas.runtime.runfolder import write_rollouts
 from atlas.runtime.session import load_model, make_runtime
 from atlas.stage import code_files, log, run
 
-MODULE = "atlas.checks.validation"
+MODULE = "atlas.stages.validation"
 PROBED = ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight")
 STACK = ("torch", "transformers", "peft", "xgrammar", "snakemake", "polars", "pyarrow", "wandb")
 

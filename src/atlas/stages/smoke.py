@@ -5,7 +5,7 @@ Writes `<out>/` with records.parquet (one ExecutionRecord per generation), traje
 calls, violations) and MANIFEST.json. Protocol violations are counted, never a crash; the stage
 fails after writing if any occurred or an episode did not complete, so the pipeline stops there.
 
-    python -m atlas.runtime.smoke --config-slice '{...}' --val results/data/val.parquet \
+    python -m atlas.stages.smoke --config-slice '{...}' --val results/data/val.parquet \
         --tests results/data/tests.parquet --model results/models/tiny --out results/runs/smoke
 """
 
@@ -23,7 +23,7 @@ from atlas.runtime.session import load_runtime
 from atlas.stage import log, run
 
 RUN = "smoke"
-MODULE = "atlas.runtime.smoke"
+MODULE = "atlas.stages.smoke"
 
 
 def main(argv: list[str] | None = None) -> None:

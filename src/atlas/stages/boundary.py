@@ -12,7 +12,7 @@ unicode-heavy answer, and the longest prompt.
 Writes `<out>/boundary.json`, records.parquet, trajectories.parquet, protocol.json, MANIFEST.json.
 The stage fails (after printing the report) when any check fails.
 
-    python -m atlas.runtime.boundary --config-slice '{...}' --val results/data/val.parquet \
+    python -m atlas.stages.boundary --config-slice '{...}' --val results/data/val.parquet \
         --tests results/data/tests.parquet --model results/models/tiny --out results/runs/boundary
 """
 
@@ -36,7 +36,7 @@ from atlas.runtime.tools import UTF8_SLACK_TOKENS, CodeBounds
 from atlas.stage import log, run
 
 RUN = "boundary"
-MODULE = "atlas.runtime.boundary"
+MODULE = "atlas.stages.boundary"
 
 
 def call_text(name: str, key: str, value: str, lead: str = "Next step.") -> str:

@@ -7,7 +7,7 @@ runs. Because the shaping telescopes, every episode's shaped return (sum_k gamma
 its records) must differ from its dose-0 return by exactly -d * Phi(s_0); dose_step.json holds that
 check per dose and episode, and the change of the call advantage (by turn and tool) per dose.
 
-    python -m atlas.rl.dose --config-slice '{...}' --train results/data/train.parquet \
+    python -m atlas.stages.dose_step --config-slice '{...}' --train results/data/train.parquet \
         --val results/data/val.parquet --tests results/data/tests.parquet \
         --model results/models/tiny --snapshot results/runs/training_smoke --out results/runs/dose_step
 """
@@ -37,7 +37,7 @@ from atlas.rl.rollout import (
     step_questions,
     step_summary,
 )
-from atlas.rl.train import build_policy, build_potential, inputs_of
+from atlas.rl.step import build_policy, build_potential, inputs_of
 from atlas.runtime.inputs import read_questions, read_tests, rollout_parser
 from atlas.runtime.records import TRAJECTORY_SCHEMA, write_records
 from atlas.runtime.runfolder import trajectory_row
@@ -45,7 +45,7 @@ from atlas.runtime.session import make_runtime
 from atlas.stage import code_files, log, run
 
 RUN = "dose_step"
-MODULE = "atlas.rl.dose"
+MODULE = "atlas.stages.dose_step"
 TOLERANCE = 1e-9  # float64 sums of a handful of terms: only rounding separates the two sides
 
 

@@ -5,7 +5,7 @@ build_info.json, MANIFEST.json) through a temporary folder renamed into place, s
 no half-built model. Before the rename the saved folder is reloaded and checked: same logits as
 the model in memory, and a tokenizer xgrammar accepts.
 
-    python -m atlas.model.build --config-slice '{"model": ...}' --out results/models/tiny
+    python -m atlas.stages.build_tiny_model --config-slice '{"model": ...}' --out results/models/tiny
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from atlas.model.tiny import build_model, build_tokenizer
 from atlas.stage import code_files, log, run, stage_parser
 
 STAGE = "model"
-MODULE = "atlas.model.build"
+MODULE = "atlas.stages.build_tiny_model"
 
 
 def check_saved(folder, model, tokenizer) -> None:

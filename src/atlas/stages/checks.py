@@ -20,7 +20,7 @@ Any failed check stops the stage with a message naming the file and the tensor; 
 written then. The config slice is the training run's own plus `checks`, so the checks rerun
 with the run, and a change to `checks` reruns the checks alone.
 
-    python -m atlas.checks.stage --config-slice '{...}' --train ... --val ... --tests ... \
+    python -m atlas.stages.checks --config-slice '{...}' --train ... --val ... --tests ... \
         --model results/models/tiny [--snapshot ...] --checkpoints results/checkpoints/<run> \
         --run-folder results/runs/<run> --out results/checks/<run>
 """
@@ -42,6 +42,7 @@ from atlas.checks.compact import (
     compact_checkpoint_validation,
     optimizer_counts,
     read_json,
+    verify_index,
     verl_checkpoint_shards,
 )
 from atlas.checks.roundtrip import (
@@ -53,23 +54,12 @@ from atlas.checks.roundtrip import (
     probes,
 )
 from atlas.config import ChecksConfig, ResourcesConfig, TrainingConfig
-from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
+from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.rl.checkpoint import load_trainable
-from atlas.rl.train import build_policy, inputs_of, open_session, parser, train_step
+from atlas.rl.step import build_policy, inputs_of, open_session, parser, train_step
 from atlas.stage import code_files, log, run
 
-MODULE = "atlas.checks.stage"
-
-
-def verify_index(index: dict) -> None:
-    """Every checkpoint file still has the bytes the run recorded in checkpoints.json."""
-    for c in index["checkpoints"]:
-        for name, entry in c["files"].items():
-            path = Path(c["path"]) / name
-            if not path.is_file():
-                raise CheckFailed(f"{path}: missing; checkpoints.json lists it")
-            if (digest := sha256_file(path)) != entry["sha256"]:
-                raise CheckFailed(f"{path}: sha256 {digest}, checkpoints.json recorded {entry['sha256']}")
+MODULE = "atlas.stages.checks"
 
 
 def timing_rows(metrics: list[dict], samples: list[dict]) -> list[dict]:

@@ -1,0 +1,184 @@
+"""Training stage: PPO with a LoRA actor and critic on the ordered schedule, for one run.
+
+One run is the training smoke or an arm of the study (training.runs.<name> in the config). Each
+step is atlas.rl.step.train_step; around it this stage journals the records before the update,
+validates every k steps, saves compact checkpoints, logs to wandb and assembles the run folder.
+
+With resume_mode auto a rerun continues after the latest complete checkpoint of the same config
+and inputs (see atlas.rl.journal), and on CPU ends with the same bytes as an uninterrupted run.
+
+    python -m atlas.stages.train --config-slice '{...}' --train results/data/train.parquet \
+        --val results/data/val.parquet --tests results/data/tests.parquet \
+        --model results/models/tiny [--snapshot results/runs/training_smoke] \
+        --checkpoints results/checkpoints/zero_potential --out results/runs/zero_potential
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm import tqdm
+
+from atlas.config import TrainingConfig
+from atlas.hashing import sha256_file
+from atlas.rl import journal, regrade, tracking
+from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, save_compact
+from atlas.rl.rollout import call_advantages, check_protocol, episode_specs, rollout, validation_rows
+from atlas.rl.sampler import DeviceSampler
+from atlas.rl.step import (
+    checkpoint_points,
+    inputs_of,
+    open_session,
+    parser,
+    peak_memory,
+    replay_journal,
+    train_step,
+    validation_log,
+    validation_points,
+)
+from atlas.stage import code_files, log, run
+
+MODULE = "atlas.stages.train"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    s = args.config_slice
+    name, training = (
+        s["training"]["run"]["name"],
+        TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"}),
+    )
+    root = args.checkpoints
+
+    # The working folder: same config and inputs -> keep (resume); else move the old work aside.
+    fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in inputs_of(args)}}
+    digest = journal.open_root(root, fingerprint, training.resume_mode, name)
+    sess = open_session(s, args)
+    steps = sess.steps
+
+    points = validation_points(steps, training.validation_every)
+    wandb_run = None
+
+    def validate(done: int) -> None:
+        t = time.perf_counter()
+        specs = episode_specs(sess.val_questions, sess.tests, training.validation_samples)
+        episodes = rollout(
+            sess.rt, specs, sess.runtime, sess.graders, run=name, step=done, phase="val", seed=sess.seed
+        )
+        report = check_protocol(sess.rt, episodes, sess.runtime)
+        rows = validation_rows(episodes, run=name, step=done)
+        journal.write_validation(root, done, episodes, report, rows, run=name)
+        by = {r["source"]: r for r in rows}
+        log(
+            name,
+            "validation",
+            steps_done=done,
+            utility=round(by["all"]["utility"], 4),
+            completed=by["all"]["completed_fraction"],
+            violations=report.violations,
+        )
+        if wandb_run is not None:
+            wandb_run.log(validation_log(rows) | {"timing_s/testing": time.perf_counter() - t}, step=done)
+
+    # Resume (resume_mode auto) after re-grading the journal with the current graders (atlas.rl.regrade).
+    start, plan, aside = 0, None, None
+    if training.resume_mode == "auto" and (saved := checkpoint_steps(root)):
+        questions = {q["question_uid"]: q for q in (*sess.train_rows, *sess.val_questions)}
+        plan = regrade.plan_resume(
+            root,
+            saved[-1],
+            saved,
+            points,
+            lambda folder: regrade.regrade_folder(folder, questions, sess.tests, sess.runtime, sess.graders),
+        )
+        aside = regrade.supersede(root, plan, saved, points)
+        log(name, "re-graded the journal", **regrade.brief(plan), moved_aside=aside)
+        for j in plan.revalidate:  # ascending: 0 runs on the fresh policy, before any load
+            if j > 0:
+                load_compact(root / f"step_{j}", sess.ac, sess.optimizers, sess.schedulers)
+            validate(j)
+        start = plan.start
+        if start > 0:
+            load_compact(root / f"step_{start}", sess.ac, sess.optimizers, sess.schedulers)
+            log(name, "resuming", checkpoint=root / f"step_{start}", steps_done=start, of=steps)
+    wandb_run = tracking.start(
+        root,
+        mode=training.wandb_mode,
+        project=training.wandb_project,
+        run_id=f"{name}-{digest[:12]}",  # one wandb run per run and fingerprint, across resumes
+        name=name,
+        config=s,
+    )
+    if aside is not None and wandb_run is not None:
+        replay_journal(wandb_run, root, start, points)
+    if start == 0:
+        validate(0)
+    bar = tqdm(total=steps, initial=start, desc=name, file=sys.stderr, mininterval=0, ascii=True)
+    sampler = DeviceSampler().start()  # a daemon thread: it dies with the job on a crash
+    for step in range(start, steps):
+        t_step = time.perf_counter()
+
+        def journal_rollouts(data, step=step):
+            journal.write_step_rollouts(root, step, data.episodes, data.report, run=name)
+
+        data, metrics = train_step(sess, step, journal_rollouts)
+        done = step + 1
+        if done in points:
+            validate(done)
+        if done in checkpoint_points(steps, training.checkpoint_every):
+            t = time.perf_counter()
+            save_compact(root, done, sess.ac, sess.optimizers, sess.schedulers, {"run": name, "steps": steps})
+            metrics["timing_s/save_checkpoint"] = time.perf_counter() - t
+        metrics["timing_s/step"] = time.perf_counter() - t_step
+        metrics.update(peak_memory())
+        journal.write_step_results(
+            root,
+            step,
+            metrics,
+            call_advantages(data.episodes, run=name, step=step, gamma=sess.ppo.gamma, dose=sess.run_cfg.dose),
+            sampler.take(),
+        )
+        if wandb_run is not None:
+            wandb_run.log(metrics, step=done)
+        bar.update(1)
+        bar.set_postfix(score=f"{metrics['critic/score/mean']:.3f}", pg=f"{metrics['actor/pg_loss']:.3f}")
+        log(
+            name,
+            f"step {step} done",
+            score=round(metrics["critic/score/mean"], 4),
+            pg_loss=round(metrics["actor/pg_loss"], 5),
+            seconds=round(metrics["timing_s/step"], 1),
+        )
+    bar.close()
+    sampler.stop()
+    if wandb_run is not None:
+        wandb_run.finish()
+
+    journal.assemble(
+        args.out,
+        root,
+        run=name,
+        steps=steps,
+        validated=points,
+        checkpoints=checkpoint_points(steps, training.checkpoint_every),
+        run_info={
+            "run": name,
+            "steps": steps,
+            "potential": sess.run_cfg.potential,
+            "snapshot": getattr(sess.potential, "source", None),
+            "snapshot_step": getattr(sess.potential, "step", None),
+            "dose": sess.run_cfg.dose,
+            "resumed_from_step": start,
+            "regrade": None if plan is None else regrade.summary(plan),
+            "superseded": None if aside is None else aside.as_posix(),
+            "checkpoints": root.as_posix(),
+        },
+        export=lambda folder: export_adapters(sess.ac, folder),
+        manifest={"stage": name, "inputs": inputs_of(args), "code": code_files(MODULE), "config": s},
+    )
+    log(name, "wrote", out=args.out)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,77 @@
+"""Training stage on verl (`training.engine: verl`): one run through verl's V1 synchronous PPO.
+
+The `train` rule runs this module instead of atlas.stages.train when the engine is verl, with the
+same arguments and the same output folder. It prepares the run (atlas.verl.launch: datasets,
+agent loop settings, checked overrides), runs `python -m verl.trainer.main_ppo`, and converts
+verl's outputs into the run folder a local run gets (atlas.verl.convert).
+
+    python -m atlas.stages.train_verl --config-slice '<json>' --train results/data/train.parquet \\
+        --val results/data/val.parquet --tests results/data/tests.parquet \\
+        --model results/models/tiny --checkpoints results/checkpoints/zero_potential \\
+        --out results/runs/zero_potential [--dry-run]
+
+`--dry-run` writes everything up to the overrides (and checks them against verl's config) and
+prints the command instead of running it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+from atlas.hashing import sha256_file
+from atlas.rl import journal
+from atlas.rl.step import inputs_of, parser, validation_points
+from atlas.stage import code_files, log, run
+from atlas.verl import convert
+from atlas.verl.agent_loop import slice_config
+from atlas.verl.config import launch_command
+from atlas.verl.launch import prepare
+
+MODULE = "atlas.stages.train_verl"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--dry-run", action="store_true", help="prepare and check, print the command, stop")
+    args = p.parse_args(argv)
+    s = args.config_slice
+    cfg = slice_config(s)
+    name, steps = s["training"]["run"]["name"], s["training"]["run"]["steps"]
+    root = args.checkpoints
+    fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in inputs_of(args)}}
+    journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
+    overrides, metrics, episodes = prepare(args, cfg, name, steps, root)
+    command = launch_command(overrides)
+    if args.dry_run:
+        print(shlex.join(command))
+        return
+    env = dict(os.environ)
+    if cfg.training.verl.ray_address:
+        env["RAY_ADDRESS"] = cfg.training.verl.ray_address
+    log_path = metrics.with_name(metrics.name.replace("metrics_", "launch_").replace(".jsonl", ".log"))
+    log(name, "launching verl", log=log_path, overrides=len(overrides))
+    with open(log_path, "w") as out:
+        done = subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-40:])
+        raise SystemExit(f"verl exited with status {done.returncode}; last lines of {log_path}:\n{tail}")
+    points = validation_points(steps, cfg.training.validation_every)
+    convert.write_journal(
+        root,
+        run=name,
+        steps=steps,
+        validated=points,
+        records_dir=episodes,
+        metrics_files=sorted(metrics.parent.glob("metrics_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])),
+        gamma=cfg.training.ppo.gamma,
+        dose=cfg.training.runs[name].dose,
+    )
+    convert.assemble_run(
+        args, root, s, name=name, steps=steps, validated=points, module=MODULE, code=code_files
+    )
+
+
+if __name__ == "__main__":
+    run(main)
