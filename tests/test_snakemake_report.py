@@ -196,10 +196,10 @@ def test_dot_test_configs_plan_and_lint(config, tmp_path):
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", out, re.M))
     assert int(jobs["total"]) >= 19 and "report" in jobs, out
     if config == "config_verl":
-        assert "python -m atlas.verl.launch" in out and "python -m atlas.rl.train" not in out
+        assert "python -m atlas.stages.train_verl " in out and "python -m atlas.stages.train " not in out
     elif config == "config_gpu":
         assert re.search(r"rule train:(.|\n)*?resources: .*gpu=2", out)
     else:
-        assert "python -m atlas.rl.train" in out
+        assert "python -m atlas.stages.train " in out
     lint = run_snakemake(wf, "--lint", "--configfile", configfile, timeout=120)
     assert "Congratulations, your workflow is in a good condition!" in lint.stdout + lint.stderr
