@@ -44,6 +44,7 @@ window.addEventListener("load", async () => {
   const tick = () => new Promise(resolve => setTimeout(resolve, 100));
   const seen = [];
   await tick();
+  const start = document.body.innerText;
   for (const path of Object.keys(results).sort()) {
     app.showResultInfo(path);
     await tick();
@@ -58,9 +59,15 @@ window.addEventListener("load", async () => {
   }
   app.setView({ content: "stats" });
   await tick();
+  await tick();
+  const charts = {};
+  for (const id of ["runtimes", "timeline"]) {
+    const chart = document.querySelector(`#${id} canvas, #${id} svg`);
+    charts[id] = chart ? [chart.clientWidth, chart.clientHeight] : null;
+  }
   const probe = document.createElement("pre");
   probe.id = "atlas-probe";
-  probe.textContent = JSON.stringify({ results: seen, stats: document.body.innerText });
+  probe.textContent = JSON.stringify({ start: start, results: seen, charts: charts });
   document.body.appendChild(probe);
 });
 </script>
@@ -72,7 +79,7 @@ SHOW_FIGURE = """
 window.addEventListener("load", () => setTimeout(() => {
   const path = Object.keys(results).find(p => p.endsWith("figures/validation_curves.png"));
   app.showResultInfo(path);
-  app.setView({ content: "img", contentPath: results[path].data_uri, resultPath: path });
+  setTimeout(() => app.setView({ content: "img", contentPath: results[path].data_uri, resultPath: path }), 100);
 }, 100));
 </script>
 """
@@ -110,8 +117,8 @@ def chromium(exe: str, page: Path, profile: Path, *args: str) -> subprocess.Comp
 
 def with_script(report: Path, script: str, dest: Path) -> Path:
     html = report.read_text(encoding="utf-8")
-    assert html.count("</body>") == 1
-    dest.write_text(html.replace("</body>", script + "</body>"), encoding="utf-8")
+    end = html.rindex("</body>")  # the page's own, after the bundled scripts
+    dest.write_text(html[:end] + script + html[end:], encoding="utf-8")
     return dest
 
 
@@ -167,9 +174,13 @@ def test_report_shows_figures_tables_and_statistics_in_chromium(report_html, tmp
         if path.endswith(".png"):
             width, height = by_path[path]["image"]  # drawn: the viewer decoded the PNG
             assert width > 100 and height > 100, (path, by_path[path]["image"])
-    # run statistics: the jobs of the pipeline run, by rule
-    for rule in ("prepare_data", "train", "validation", "report"):
-        assert rule in seen["stats"], rule
+    # the study's description on the first page
+    assert "Sequential Tool Runtime Upgrade" in seen["start"]
+    # run statistics: both charts drawn, from the run times of every rule of the pipeline
+    assert all(size and size[0] > 100 and size[1] > 50 for size in seen["charts"].values()), seen["charts"]
+    runtimes = json.loads(re.search(r"var runtimes_spec = (\{.*?\});\n", html, re.S).group(1))
+    timed = {row["rule"] for row in runtimes["data"]["values"]}
+    assert {"prepare_data", "build_tiny_model", "train", "validation", "report"} <= timed, timed
 
     shot = tmp_path / "report25.png"
     done = chromium(
