@@ -8,10 +8,12 @@
 # Needs root and Debian's `slurm-wlm munge` (apt-get install -y slurm-wlm munge). Everything the
 # cluster owns lives in STATE_DIR (default $ATLAS_SLURM_DIR, else /tmp/atlas-slurm-<uid>): its own
 # munge key and socket, slurm.conf, cgroup.conf, gres.conf, spool, logs and pid files, on ports
-# chosen free at start. Nothing in /etc is read or written, so a system cluster, or a second local
-# one, is left alone. `up` on a running cluster only prints its env line; `down` stops only the
-# daemons whose pids it recorded (checked against their command lines) and removes STATE_DIR and
-# the cgroup folders slurmd made for this node.
+# chosen free at start. One thing lives outside it: /etc/slurm/slurm.conf, a symlink to STATE_DIR's
+# slurm.conf, because the `srun` that Snakemake's job-step plugin runs inside each job drops
+# SLURM_CONF from its environment and reads only the default path. `up` refuses to start when that
+# path holds another cluster's config. `up` on a running cluster only prints its env line; `down`
+# stops only the daemons whose pids it recorded (checked against their command lines) and removes
+# STATE_DIR, the symlink (when it is ours) and the cgroup folders slurmd made for this node.
 #
 # Cgroups are on (proctrack/cgroup, task/cgroup: a job gets the cores and memory it asked for).
 # The machine's NVIDIA GPUs are declared as GRES, so rules with `resources: gpu=N` schedule.
@@ -129,6 +131,20 @@ wait_idle() {
     die "node $node did not come up within 30 s (logs above, in $state/log)"
 }
 
+ETC_CONF=/etc/slurm/slurm.conf
+
+# /etc/slurm/slurm.conf -> $conf, unless the path holds anything else.
+claim_etc_conf() {
+    if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" = "$conf" ]; then
+        return 0
+    fi
+    if [ -e "$ETC_CONF" ] || [ -L "$ETC_CONF" ]; then
+        die "$ETC_CONF exists ($(readlink "$ETC_CONF" || echo 'a file')): another cluster's config. Jobs' srun reads only that path (Snakemake's job-step plugin drops SLURM_CONF), so this cluster cannot start beside it; bring that one down first"
+    fi
+    mkdir -p "$(dirname "$ETC_CONF")"
+    ln -s "$conf" "$ETC_CONF"
+}
+
 up() {
     need_tools
     if live_pid slurmctld slurmctld >/dev/null && live_pid slurmd slurmd >/dev/null \
@@ -139,6 +155,7 @@ up() {
     # A half-started cluster (a daemon died): stop what is left and start clean.
     [ -d "$state" ] && down >/dev/null
     write_config
+    claim_etc_conf
     local node
     node=$(node_name)
     mungekey --create --keyfile="$state/munge/munge.key" --bits=1024 2>/dev/null \
@@ -185,6 +202,9 @@ down() {
             [ -d "$dir" ] && find "$dir" -depth -type d -exec rmdir {} + 2>/dev/null || true
         done
     done
+    if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" = "$conf" ]; then
+        rm -f "$ETC_CONF"
+    fi
     rm -rf "$state"
 }
 

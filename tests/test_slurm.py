@@ -89,6 +89,8 @@ def cluster(tmp_path_factory):
     env = {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
     pids = _pids(state)
     assert set(pids) == {"munged", "slurmctld", "slurmd"}
+    # the one path outside the state folder: the default config path that jobs' srun reads
+    assert os.readlink("/etc/slurm/slurm.conf") == str(state / "slurm.conf")
     # up again: the same cluster, nothing restarted
     again = subprocess.run([SCRIPT, "up", state], capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stdout == up.stdout and _pids(state) == pids
@@ -96,7 +98,7 @@ def cluster(tmp_path_factory):
     down = subprocess.run([SCRIPT, "down", state], capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr
     # down stops what up started and leaves nothing behind
-    assert not state.exists()
+    assert not state.exists() and not os.path.lexists("/etc/slurm/slurm.conf")
     assert not [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists()]
     node = "atlas" + __import__("hashlib").sha256(str(state).encode()).hexdigest()[:8]
     assert not list(Path("/sys/fs/cgroup").glob(f"*/slurm_{node}"))
