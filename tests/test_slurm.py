@@ -225,8 +225,9 @@ def test_a_job_failing_under_slurm_fails_the_workflow_with_its_log(cluster, tmp_
     assert proc.returncode != 0, out
     assert time.monotonic() - t0 < 300
     assert re.search(r"SLURM-job '\d+' failed", out), out
-    # the job's own log is shown: the reader's error, naming the file
-    assert "bad_lcb_val.jsonl" in out and "results/logs/prepare_data.log" in out, out
+    # the job's own log is shown: the reader's error, naming the file and line (only the log has it)
+    assert "Logfile results/logs/prepare_data.log:" in out, out
+    assert "error: bad_lcb_val.jsonl, line 1: missing keys" in out, out
 
 
 def test_the_profiles_differ_only_in_what_a_cluster_needs():
