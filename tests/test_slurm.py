@@ -33,6 +33,8 @@ SLICE = ["results/runs/smoke", "results/runs/training_smoke"]
 SLICE_RULES = {"prepare_data", "build_tiny_model", "smoke", "train"}
 # Columns and keys that hold measured times or machine readings: the only values of a run that
 # differ between two runs of the same inputs (DESIGN: timing_s/*, perf/*).
+# Files that are measurements through and through: sampled CPU / memory / GPU readings.
+MEASURED_FILES = {"samples.json", "device_samples.json"}
 MEASURED = re.compile(r"^(timing_s/|perf/)|(_s|_seconds|_time|_at)$|^(created|duration|elapsed)")
 
 
@@ -154,6 +156,12 @@ def comparable(path: Path, same_bytes: set[str], root: Path):
             if "wandb/" not in name
         }
         return {"keys": sorted(manifest), "files": files}
+    if path.name in MEASURED_FILES:
+        return "measured"
+    if path.name == "adapter_config.json":
+        # peft writes target_modules, a set, in the interpreter's hash order
+        config = json.loads(path.read_text())
+        return {**config, "target_modules": sorted(config["target_modules"])}
     if path.suffix == ".json":
         return without_measured(json.loads(path.read_text()))
     return path.read_bytes()
