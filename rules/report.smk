@@ -38,7 +38,6 @@ rule report:
         validation=expand(
             "results/validation/{policy}", policy=ATLAS.validation.policies
         ),
-        perf=ATLAS.report.perf_files,
         code=code("atlas.stages.report"),
     output:
         report(
@@ -59,5 +58,4 @@ rule report:
         "python -m atlas.stages.report --config-slice {params.slice:q} --model {input.model}"
         " --runs {input.runs} --dose-step {input.dose_step} --smoke {input.smoke}"
         " --boundary {input.boundary} --checks {input.checks} --validation {input.validation}"
-        " --perf {input.perf}"
         " --out {output} > {log} 2>&1"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,46 +63,13 @@ def run_snakemake(
     return proc
 
 
-PLAN_SCRIPT = """
-import contextlib, io, json, sys
-from pathlib import Path
-from snakemake.api import SnakemakeApi
-from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
-
-targets, configfiles = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-buf = io.StringIO()
-with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
-    wf = api.workflow(
-        resource_settings=ResourceSettings(cores=1),
-        config_settings=ConfigSettings(configfiles=[Path(p) for p in configfiles]),
-        snakefile=Path("Snakefile"),
-        workdir=Path("."),
-    )
-    dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
-    with contextlib.redirect_stdout(buf):
-        dag.summary(detailed=False)
-    dag.execute_workflow(executor="dryrun")  # the plan must also pass a full dry run
-rows = [line.split("\\t") for line in buf.getvalue().splitlines() if line.strip()]
-header = rows[0]
-print(json.dumps([dict(zip(header, row)) for row in rows[1:]]))
-"""
-
-
 def plan_rows(workdir: Path, targets: list[str], configfiles: list[str] = ()) -> list[dict[str, str]]:
     """The Snakemake API's plan for `targets` in `workdir`: one row per output file, with its
-    rule and plan ("no update", "update pending", ...).
+    rule and plan ("no update", "update pending", ...). One planning process answers every
+    query of the session (plans.Planner), each with the workflow copy's own `src/`."""
+    from plans import planner
 
-    Runs in a fresh interpreter so the workflow's own `src/` is the atlas package it imports."""
-    proc = subprocess.run(
-        [sys.executable, "-c", PLAN_SCRIPT, json.dumps(targets), json.dumps(list(configfiles))],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"planning failed:\n{proc.stdout}\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return planner().rows(workdir, targets, configfiles)
 
 
 def plan(workdir: Path, targets: list[str], configfiles: list[str] = ()) -> dict[str, list[str]]:
@@ -175,14 +144,52 @@ def data_dir(tmp_path_factory) -> Path:
     return out
 
 
+KEPT_RUNS = 3  # cached pipeline runs kept (the newest), each about 20 MB
+
+
+def workflow_key() -> str:
+    """sha256 of what a pipeline run depends on: the workflow's files (paths and bytes), the
+    interpreter and the versions of the packages the stages run. Equal keys, equal runs."""
+    from importlib import metadata
+
+    digest = hashlib.sha256()
+    for part in WORKFLOW_PARTS:
+        root = REPO / part
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            rel = path.relative_to(REPO)
+            if "__pycache__" in rel.parts or any(x.endswith(".egg-info") for x in rel.parts):
+                continue
+            digest.update(f"{rel}\0{path.stat().st_size}\0".encode() + path.read_bytes())
+    packages = ("torch", "transformers", "peft", "xgrammar", "snakemake", "polars", "pyarrow", "wandb")
+    digest.update(repr([sys.executable, sys.version, *(metadata.version(p) for p in packages)]).encode())
+    return digest.hexdigest()[:20]
+
+
 @pytest.fixture(scope="session")
-def pipeline(tmp_path_factory) -> Path:
-    """A copy of the workflow after `snakemake --cores 2` of its default target (data, model,
-    smoke, boundary, the training runs, the dose step), run once per test session. Tests read it
-    and must not change it; copy it (`copy_pipeline`) to edit or rerun."""
-    wf = copy_workflow(tmp_path_factory.mktemp("pipeline"))
-    run_snakemake(wf, "--cores", "2", timeout=1800)
-    return wf
+def pipeline(request, tmp_path_factory) -> Path:
+    """A copy of the workflow after `snakemake --cores 2` of its default target (every job),
+    run once per state of the tree: it is kept in pytest's cache folder under the workflow's key,
+    so a session on an unchanged tree reuses it. Tests read it and must not change it; copy it
+    (`copy_pipeline`) to edit or rerun."""
+    if getattr(request.config, "cache", None) is None:  # -p no:cacheprovider: a fresh run
+        wf = copy_workflow(tmp_path_factory.mktemp("pipeline"))
+        run_snakemake(wf, "--cores", "2", timeout=1800)
+        return wf
+    cache = Path(request.config.cache.mkdir("atlas-pipeline"))
+    done = cache / workflow_key()
+    if not done.is_dir():
+        partial = Path(tempfile.mkdtemp(prefix=f"{done.name}.partial-", dir=cache))
+        run_snakemake(copy_workflow(partial), "--cores", "2", timeout=1800)
+        try:
+            partial.rename(done)  # atomic: a run is in the cache whole or not at all
+        except OSError:  # another session finished the same run first
+            shutil.rmtree(partial, ignore_errors=True)
+    runs = sorted((p for p in cache.iterdir() if ".partial-" not in p.name), key=lambda p: p.stat().st_mtime)
+    for old in runs[:-KEPT_RUNS]:
+        if old != done:
+            shutil.rmtree(old, ignore_errors=True)
+    return done
 
 
 def copy_pipeline(src: Path, dest: Path, *, drop: tuple[str, ...] = ()) -> Path:

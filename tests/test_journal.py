@@ -2,8 +2,7 @@
 
 import json
 
-from atlas.rl.journal import FINGERPRINT, open_root
-from atlas.rl.step import checkpoint_points, validation_points
+from atlas.rl.journal import FINGERPRINT, checkpoint_points, open_root, validation_points
 
 
 def test_same_fingerprint_keeps_the_work_other_fingerprint_moves_it_aside(tmp_path):

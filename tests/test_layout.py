@@ -98,3 +98,13 @@ def test_no_module_imports_a_stage():
         assert not {m for m in imported if m.startswith("atlas.stages")}, name
         if name.startswith("atlas.stages."):
             assert "def main(" in path.read_text(), name
+
+
+def test_the_contracts_are_the_ground_floor():
+    # Every stage may import a contract; a contract importing the library would make an edit of
+    # that library rerun every stage that reads the contract.
+    src = REPO / "src"
+    for path in sorted((src / "atlas" / "contracts").glob("*.py")):
+        name = ".".join(path.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
+        imported = sources._imports(src, name, path)
+        assert imported <= {"atlas", "atlas.contracts"}, (name, imported)

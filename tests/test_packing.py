@@ -15,7 +15,7 @@ from atlas.model.fused_lora import fused_lora
 from atlas.model.policy import ActorCritic
 from atlas.rl.fused_head import head_logprobs, output_weight, packed_token_logprobs, unpack_bitmask
 from atlas.rl.packing import decoder, pack, packed_attention
-from atlas.rl.ppo import Batch, prepare, token_logprobs, update
+from atlas.rl.ppo import Batch, prepare, token_budget_cut, token_logprobs, update
 from atlas.rl.replay import ReplayedMasks, masked_logprobs
 
 VOCAB = 300  # not a multiple of 32: the bitmask's last word is partly past the vocabulary
@@ -318,3 +318,47 @@ def test_a_compiled_fused_lora_step_is_traced_once_and_reads_the_current_weights
     assert not torch.equal(seen[0], seen[1])  # the second block read the changed weights
     assert len(graphs) == 1  # traced once, reused by the second block
     assert not any("forward" in vars(m) for m in ac.modules() if hasattr(m, "lora_A"))
+
+
+def test_token_budget_cut_keeps_order_and_puts_a_long_row_alone():
+    lengths = [14, 6, 11, 9, 30, 2, 3]
+    assert token_budget_cut(list(range(7)), lengths, 20) == [[0, 1], [2, 3], [4], [5, 6]]
+    assert token_budget_cut([2, 3, 5], lengths, 16) == [[2], [3, 5]]
+    assert token_budget_cut([], lengths, 16) == []
+
+
+def _steps_of_one_update(ppo: PPOConfig):
+    ac = ActorCritic(tiny_lm(), TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8))
+    with torch.no_grad():
+        for p in ac.trainable("actor").values():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    calls = _count_calls(ac.peft.get_base_model().model.layers[0].mlp.act_fn)
+    before = {r: {n: p.detach().clone() for n, p in ac.trainable(r).items()} for r in ("actor", "critic")}
+    opts = {r: torch.optim.SGD(list(ac.trainable(r).values()), lr=0.5) for r in ("actor", "critic")}
+    batch = _ppo_batch(seed=11)
+    prep = prepare(ac, batch, ppo, temperature=0.9)
+    calls[0] = 0
+    metrics = update(ac, batch, prep, opts, None, ppo, temperature=0.9)
+    steps = {
+        r: {n: p.detach() - before[r][n] for n, p in ac.trainable(r).items()} for r in ("actor", "critic")
+    }
+    return prep, metrics, steps, calls[0]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_token_budget_cut_gives_the_update_of_a_row_cut(packed):
+    """micro_batch_tokens=16 cuts the rows [14, 6, 11, 9] into four micro-batches, the row cut
+    (micro_batch_size=3) into two: gradients accumulate by token share, so both take one step."""
+    common = dict(kl_mode="loss", kl_coef=0.1, remove_padding=packed, gradient_checkpointing=False)
+    rows = _steps_of_one_update(PPOConfig(micro_batch_size=3, **common))
+    tokens = _steps_of_one_update(PPOConfig(micro_batch_size=3, micro_batch_tokens=16, **common))
+    assert (rows[3], tokens[3]) == (4, 8)  # forwards of 2 roles: 2 and 4 micro-batches each
+    for key in ("old_logprobs", "values", "advantages"):
+        assert (getattr(rows[0], key) - getattr(tokens[0], key)).abs().max() < 1e-5, key
+    for key in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm"):
+        assert tokens[1][key] == pytest.approx(rows[1][key], rel=1e-5, abs=1e-7), key
+    for role in ("actor", "critic"):
+        moved = max(s.abs().max().item() for s in rows[2][role].values())
+        assert moved > 1e-4, role
+        gap = max((rows[2][role][n] - tokens[2][role][n]).abs().max().item() for n in rows[2][role])
+        assert gap < 1e-5 * max(1.0, moved), (role, gap, moved)

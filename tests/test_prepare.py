@@ -5,7 +5,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from atlas.config import config_slice, load_config
-from atlas.data.schema import TESTS_SCHEMA, TRAIN_SCHEMA, VAL_SCHEMA, DataError
+from atlas.contracts.questions import TESTS_SCHEMA, TRAIN_SCHEMA, VAL_SCHEMA
+from atlas.data.schema import DataError
 from atlas.hashing import verify
 from atlas.stages import prepare_data
 from conftest import FIXTURES, REPO, read_csv, write_csv

@@ -279,61 +279,7 @@ def test_perf_stack_rows(pipeline):
     perf = everything.filter(pl.col("source") == "pipeline")
     assert set(perf["run"]) == {"training_smoke", *ARMS}
     assert set(perf["device"]) == {"cpu"}
-    # No GPU ran here, so the committed H200 measurements (report.perf_files) come along, marked.
-    committed = everything.filter(pl.col("source") != "pipeline")
-    assert set(committed["source"]) == {
-        "committed resources/perf/h200_rollout_1.7b.json",
-        "committed resources/perf/h200_rollout_1.7b_unique_prompts.json",
-        "committed resources/perf/h200_rollout_1.7b_lora64.json",
-        "committed resources/perf/h200_rollout_1.7b_lora64_peft.json",
-        "committed resources/perf/h200_checkpoint_1.7b.json",
-        "committed resources/perf/h200_checkpoint_8b.json",
-        "committed resources/perf/h200_update_8b.json",
-        "committed resources/perf/h200_update_1.7b.json",
-        "committed resources/perf/h200_perf_1.7b.json",
-        "committed resources/perf/h200x2_dp_1.7b.json",
-    }
-    assert set(committed["device"]) == {"NVIDIA H200", "1 x NVIDIA H200", "2 x NVIDIA H200"}
-    assert set(committed["test"]) == {
-        "rollout",
-        "checkpoint_save",
-        "update",
-        "full_batch",
-        "split_stress",
-        "data_check",
-        "dp_step",
-    }
-    dp = committed.filter(pl.col("test") == "dp_step")
-    assert set(dp["run"]) == {"1gpu", "2gpu"} and dp.height == 12
-    assert (
-        dp.filter(pl.col("run") == "2gpu")["tokens"].sum()
-        == dp.filter(pl.col("run") == "1gpu")["tokens"].sum()
-    )
-    full = {r["phase"] for r in committed.filter(pl.col("test") == "full_batch").iter_rows(named=True)}
-    assert {
-        "gen",
-        "old_log_prob",
-        "ref",
-        "values",
-        "update_critic",
-        "update_actor",
-        "save_checkpoint",
-    } <= full
-    rollout = {}
-    for r in committed.filter(pl.col("test") == "rollout").iter_rows(named=True):
-        rollout.setdefault(r["source"].rsplit("/", 1)[1], {})[r["phase"]] = r
-    engine = {"static_free", "static_grammar", "static_grammar_full"}
-    assert {k: set(v) for k, v in rollout.items()} == {
-        "h200_rollout_1.7b.json": {"hf_generate", *engine},
-        "h200_rollout_1.7b_unique_prompts.json": engine,
-        "h200_rollout_1.7b_lora64.json": engine,
-        "h200_rollout_1.7b_lora64_peft.json": engine,
-    }
-    report_batch = rollout["h200_rollout_1.7b.json"]["static_grammar"]  # 32 questions x 8 samples
-    assert report_batch["model_shape"] == "qwen3 1.7b v151936 batch 256 lora r0 8 samples per prompt"
-    assert report_batch["tokens_per_s"] > 14_500  # the goal: 5x plain generate's 2,887
-    saved = committed.filter(pl.col("test") == "checkpoint_save")
-    assert (saved["checkpoint_bytes"] > 10**9).all() and saved["checkpoint_save_s"].is_not_null().all()
+    assert everything.height == perf.height  # perf_stack is the pipeline's own timings only
     assert set(perf["model_shape"]) == {"qwen3 L2 d128 ff512 h2/1 v2048"}
     for run, rows in perf.group_by("run"):
         phases = set(rows["phase"])

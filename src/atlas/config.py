@@ -121,6 +121,19 @@ class ModelConfig(_Strict):
     tiny: TinyModelConfig | None = Field(
         default=None, description="Spec of the locally built model; required when path is null."
     )
+    shape: Literal["tiny", "1.7b", "8b"] = Field(
+        default="tiny",
+        description="Dimensions of the built model: tiny takes them from `tiny`; 1.7b and 8b are "
+        "Qwen3-1.7B's and Qwen3-8B's (atlas.model.shapes; `tiny` still gives seed, corpus and "
+        "max_position_embeddings). Built models of these shapes are saved in bf16.",
+    )
+    tokenizer: Literal["corpus", "synthetic-151k"] = Field(
+        default="corpus",
+        description="Tokenizer of the built model: corpus trains a BPE of "
+        "tiny.tokenizer_vocab_size on tiny.corpus; synthetic-151k trains one of 151,936 tokens "
+        "(a Qwen3 vocabulary's size) on seeded random words, so the output head and the grammar "
+        "masks have a real model's width.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -128,6 +141,10 @@ class ModelConfig(_Strict):
             raise ValueError("set either model.path (a real model) or model.tiny (build one)")
         if self.path is not None and self.tiny is not None:
             raise ValueError("set only one of model.path and model.tiny")
+        if self.path is not None and (self.shape != "tiny" or self.tokenizer != "corpus"):
+            raise ValueError(
+                "model.shape and model.tokenizer describe a built model: leave them unset with model.path"
+            )
         return self
 
 
@@ -163,6 +180,13 @@ class PPOConfig(_Strict):
     micro_batch_size: int = Field(
         default=8, ge=1, description="Trajectories per forward/backward; gradients accumulate."
     )
+    micro_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Token budget of one forward/backward: consecutive trajectories while their "
+        "tokens fit (a longer one goes alone), instead of micro_batch_size rows (verl "
+        "ppo_max_token_len_per_gpu with use_dynamic_bsz). Null: cut by micro_batch_size.",
+    )
     grad_clip: float = Field(default=1.0, gt=0, description="Max global grad norm per optimizer step.")
     actor_lr: float = Field(default=1e-6, gt=0, description="AdamW learning rate of the actor LoRA.")
     critic_lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate of the critic LoRA + head.")
@@ -187,6 +211,13 @@ class PPOConfig(_Strict):
         description="Recompute each decoder layer's activations in the backward pass instead of "
         "keeping them (verl enable_gradient_checkpointing). auto: on with a GPU (and with engine "
         "verl), off on a CPU.",
+    )
+
+    liger: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Liger's Triton kernels (RMSNorm, SwiGLU, RoPE) in the update's forward and "
+        "backward passes (the `gpu` extra: liger-kernel). auto: on with a GPU when liger-kernel is "
+        "installed; true fails without it.",
     )
 
     def on_gpu(self, key: Literal["remove_padding", "gradient_checkpointing"], cuda: bool) -> bool:
@@ -287,6 +318,13 @@ class TrainingConfig(_Strict):
         default="all-linear",
         description="Modules the adapters wrap: 'all-linear' (every linear layer but the output head) "
         "or a list of module names.",
+    )
+    merged_rollouts: bool | Literal["auto"] = Field(
+        default="auto",
+        description="Rollouts and validation sample from a bf16 copy of the base with the actor's "
+        "LoRA folded in (atlas.model.merged), refreshed before each rollout, instead of through "
+        "the adapter layers: plain linear layers, so a compiled decode step has no adapter nodes. "
+        "The base weights are never changed. auto: on with a GPU, off on a CPU.",
     )
     ppo: PPOConfig = Field(default_factory=PPOConfig, description="The PPO update.")
     resume_mode: Literal["auto", "disable"] = Field(
@@ -445,18 +483,6 @@ class ReportConfig(_Strict):
         default="ATLAS Report 25: Sequential Tool Runtime Upgrade (reproduction)",
         description="pretty_name of the dataset card.",
     )
-    perf_files: list[str] = Field(
-        default=[
-            "resources/perf/h200_rollout_1.7b.json",
-            "resources/perf/h200_rollout_1.7b_unique_prompts.json",
-            "resources/perf/h200_rollout_1.7b_lora64.json",
-            "resources/perf/h200_rollout_1.7b_lora64_peft.json",
-            "resources/perf/h200_checkpoint_1.7b.json",
-            "resources/perf/h200_checkpoint_8b.json",
-        ],
-        description="Committed GPU perf measurements (scripts/bench_gpu_*.py JSON). perf_stack takes "
-        "their rows, marked with the file, when the pipeline itself ran on no GPU.",
-    )
 
 
 class ResourcesConfig(_Strict):
@@ -614,3 +640,112 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
     if stage == "validation":
         out["validation"] = {"samples": dumped["validation"]["samples"]}  # not the list of policies
     return out
+
+
+# --- typed stage slices: what a stage's --config-slice holds, validated on arrival ---
+#
+# The JSON is config_slice()'s (the rule's params: Snakemake compares it between runs). A training
+# stage's `training` holds its one run under `run`, not `runs`: editing another run must not rerun
+# it. The slice models put that run in its own typed field, so no stage picks keys out by hand.
+
+
+class RunSlice(RunConfig):
+    """The one training run a training-stage slice holds."""
+
+    name: str = Field(pattern=RUN_NAME, description="The run's name (training.runs.<name>).")
+    steps: int = Field(ge=1, description="Steps of the ordered schedule, resolved from schedule.steps.")
+
+
+class DoseRunSlice(DoseStepConfig):
+    """The dose step's settings, as the dose-step slice holds them."""
+
+    name: Literal["dose_step"] = Field(description="The stage's run name.")
+
+
+def split_training(training: dict[str, Any]) -> tuple[TrainingConfig, dict[str, Any] | None]:
+    """A slice's `training` JSON as the TrainingConfig of its engine keys (no runs: the slice holds
+    one, or none), and its `run` entry if it has one."""
+    keys = {k: v for k, v in training.items() if k != "run"}
+    keys.setdefault("runs", {})
+    keys.setdefault("dose_step", {"snapshot_of": None})  # the named run is not in this slice
+    return TrainingConfig.model_validate(keys), training.get("run")
+
+
+class _Slice(_Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _run_out_of_training(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("training"), dict):
+            training, run = split_training(data["training"])
+            data = {**data, "training": training}
+            if run is not None:
+                data["run"] = run
+        return data
+
+
+class DataSlice(_Slice):
+    data: DataConfig = Field(description="Question inputs.")
+    schedule: ScheduleConfig = Field(description="Ordered training schedule.")
+
+
+class ModelSlice(_Slice):
+    model: ModelConfig = Field(description="Base model.")
+
+
+class SmokeSlice(_Slice):
+    seed: int = Field(ge=0, description="Global seed.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    smoke: SmokeConfig = Field(description="The smoke stage.")
+    resources: ResourcesConfig = Field(description="Device (threads are not in any slice).")
+
+
+class BoundarySlice(_Slice):
+    seed: int = Field(ge=0, description="Global seed.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    resources: ResourcesConfig = Field(description="Device (threads are not in any slice).")
+
+
+class TrainSlice(_Slice):
+    """A training run's slice (train, and with `checks` the checks stage)."""
+
+    seed: int = Field(ge=0, description="Global seed.")
+    schedule: ScheduleConfig = Field(description="Ordered training schedule.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    training: TrainingConfig = Field(description="The training keys of the run's engine, without runs.")
+    resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
+    run: RunSlice = Field(description="The run this stage trains or checks.")
+
+
+class ChecksSlice(TrainSlice):
+    checks: ChecksConfig = Field(default_factory=ChecksConfig, description="The checks stage.")
+
+
+class DoseSlice(_Slice):
+    seed: int = Field(ge=0, description="Global seed.")
+    schedule: ScheduleConfig = Field(description="Ordered training schedule.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    training: TrainingConfig = Field(description="The training keys, without runs.")
+    resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
+    run: DoseRunSlice = Field(description="The doses and the potential being dosed.")
+
+
+class ValidationSamples(_Strict):
+    samples: int = Field(ge=1, description="Episodes per validation question.")
+
+
+class ValidationSlice(_Slice):
+    seed: int = Field(ge=0, description="Global seed.")
+    runtime: RuntimeConfig = Field(description="Tool runtime limits.")
+    graders: GraderConfig = Field(description="Sandboxed program runs.")
+    training: TrainingConfig = Field(description="The policy's adapter shape (LoRA keys); the rest default.")
+    resources: ResourcesConfig = Field(description="Device (threads are not in any slice).")
+    validation: ValidationSamples = Field(description="Full validation (not the list of policies).")
+
+
+class ReportSlice(_Slice):
+    study: str = Field(description="Name of the study.")
+    report: ReportConfig = Field(description="The report folder.")

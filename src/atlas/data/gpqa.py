@@ -11,7 +11,8 @@ import csv
 import hashlib
 from pathlib import Path
 
-from atlas.data.schema import LETTERS, DataError, Question, text_sha256
+from atlas.contracts.questions import LETTERS
+from atlas.data.schema import DataError, Question, text_sha256
 
 REQUIRED_COLUMNS = (
     "Question",

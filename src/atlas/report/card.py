@@ -10,6 +10,7 @@ from __future__ import annotations
 import polars as pl
 import yaml
 
+from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.report.tables import SUMMARIES, TABLES
 
 
@@ -46,11 +47,11 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 def summary(tables: dict[str, pl.DataFrame], protocol: list[dict], validation: list[dict]) -> list[str]:
     lines = ["## What was found", "", "### Protocol", ""]
     lines += _table(
-        ["stage", "episodes", "completed", "generations", "records", "calls", "violations"],
+        ["stage", *PINNED_COUNTS],
         [
             [
                 p["stage"],
-                *(p[k] for k in ("episodes", "completed", "generations", "records", "calls", "violations")),
+                *(p[k] for k in PINNED_COUNTS),
             ]
             for p in protocol
         ],
@@ -116,25 +117,6 @@ def summary(tables: dict[str, pl.DataFrame], protocol: list[dict], validation: l
     )
     shape = perf["model_shape"][0] if perf.height else "-"
     lines += ["", f"Model shape: `{shape}`.", ""]
-    committed = tables["perf_stack"].filter(pl.col("source") != "pipeline")
-    if committed.height:
-        lines += ["Committed GPU measurements (not this run; `source` names the file):", ""]
-        lines += _table(
-            ["test", "device", "model", "phase", "s / step or save", "tokens/s", "checkpoint bytes"],
-            [
-                [
-                    r["test"],
-                    r["device"],
-                    r["model_shape"],
-                    r["phase"],
-                    r["seconds"],
-                    r["tokens_per_s"],
-                    r["checkpoint_bytes"],
-                ]
-                for r in committed.iter_rows(named=True)
-            ],
-        )
-        lines.append("")
     return lines
 
 

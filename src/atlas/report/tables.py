@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from atlas.contracts.runs import STEP_METRICS
 from atlas.errors import InputError
 
 F64, I64, STR, BOOL = pl.Float64, pl.Int64, pl.String, pl.Boolean
@@ -35,10 +36,9 @@ def schema(columns: list[Column]) -> pl.Schema:
     return pl.Schema([(c.name, c.dtype) for c in columns])
 
 
-# --- the step metrics every training step writes (verl's names; atlas.rl.step) ---
+# --- what each step metric means (the catalogue and its order: atlas.contracts.runs) ---
 
-# Measured columns (timing_s/*, perf/*) differ run to run; every other metric is reproducible.
-STEP_METRICS: dict[str, str] = {
+METRIC_MEANINGS: dict[str, str] = {
     "training/global_step": "steps done after this step",
     "critic/score/mean": "mean episode score (graded submissions)",
     "critic/score/max": "max episode score",
@@ -101,6 +101,12 @@ STEP_METRICS: dict[str, str] = {
     "perf/cpu_memory_used_gb": "peak resident memory of the process, GiB (measured)",
     "perf/max_memory_allocated_gb": "peak CUDA memory allocated, GiB (measured; null on CPU)",
 }
+if tuple(METRIC_MEANINGS) != STEP_METRICS:  # every written metric is documented, in its order
+    raise ImportError(
+        "atlas.report.tables.METRIC_MEANINGS must describe exactly atlas.contracts.runs.STEP_METRICS, "
+        f"in order; missing {sorted(set(STEP_METRICS) - set(METRIC_MEANINGS))}, "
+        f"extra {sorted(set(METRIC_MEANINGS) - set(STEP_METRICS))}"
+    )
 
 STEP_METRICS_BY_RUN = [
     Column("run", STR, "training run (training.runs.<name>), or dose_step"),
@@ -109,7 +115,7 @@ STEP_METRICS_BY_RUN = [
     Column("potential", STR, "the run's potential (zero, critic_snapshot)"),
     Column("dose", F64, "shaping dose"),
     Column("step", I64, "0-based step of the ordered schedule"),
-    *[Column(name, F64, meaning) for name, meaning in STEP_METRICS.items()],
+    *[Column(name, F64, meaning) for name, meaning in METRIC_MEANINGS.items()],
 ]
 
 FULL_VALIDATION_VIEWS = [
@@ -132,7 +138,7 @@ FULL_VALIDATION_VIEWS = [
 ]
 
 PERF_STACK = [
-    Column("source", STR, "pipeline (this run's results), or 'committed <file>' (report.perf_files)"),
+    Column("source", STR, "pipeline: this run's own timings"),
     Column("test", STR, "train_step (one PPO step of a run), rollout, checkpoint_save"),
     Column("run", STR, "the training run it was measured in"),
     Column("device", STR, "cpu, or the GPU's name"),
@@ -185,7 +191,7 @@ ARMS_STEP_METRICS = [
     Column("potential", STR, "the arm's potential"),
     Column("dose", F64, "the arm's shaping dose"),
     Column("step", I64, "0-based step"),
-    *[Column(name, F64, STEP_METRICS[name]) for name in ARM_METRICS],
+    *[Column(name, F64, METRIC_MEANINGS[name]) for name in ARM_METRICS],
 ]
 
 ARMS_CALL_ADVANTAGE = [
@@ -277,7 +283,8 @@ def step_metrics_by_run(runs: list[RunFolder], dose_step: Path) -> pl.DataFrame:
         if unknown:
             raise InputError(
                 f"{run.path / 'step_metrics.parquet'}: metric columns {unknown} are not in "
-                "atlas.report.tables.STEP_METRICS; declare them there with their meaning"
+                "atlas.contracts.runs.STEP_METRICS; declare them there and their meaning in "
+                "atlas.report.tables.METRIC_MEANINGS"
             )
         info = run.info
         frames.append(
@@ -348,41 +355,9 @@ PHASE_TOKENS = {
 }
 
 
-def committed_perf_rows(path: Path) -> list[dict]:
-    """perf_stack rows of a committed GPU measurement: a checkpoint test's `perf_stack` rows as
-    they are, or a rollout benchmark's variants (one row each, seconds per decode step)."""
-    data = read_json(path)
-    source = f"committed {path.as_posix()}"
-    if "perf_stack" in data:
-        return [{**row, "source": source} for row in data["perf_stack"]]
-    if "rows" in data and all("variant" in r for r in data["rows"]):
-        shape = f"qwen3 {data['shape']} v{data['vocab']} batch {data['batch']} lora r{data['lora_rank']}"
-        if data.get("samples_per_question", 1) > 1:
-            shape += f" {data['samples_per_question']} samples per prompt"
-        return [
-            {
-                "source": source,
-                "test": "rollout",
-                "run": "bench",
-                "device": data["device"],
-                "model_shape": shape,
-                "phase": r["variant"],
-                "steps": r["steps"],
-                "seconds": r["ms_per_step"] / 1000,
-                "tokens": round(r["tokens"] / r["steps"]),
-                "tokens_per_s": r["tokens_per_s"],
-                "peak_memory_gb": r["peak_memory_gb"],
-                "checkpoint_bytes": None,
-                "checkpoint_save_s": None,
-            }
-            for r in data["rows"]
-        ]
-    raise InputError(f"{path}: neither a `perf_stack` list nor benchmark `rows` with a `variant` each")
-
-
-def perf_stack(
-    runs: list[RunFolder], checks: dict[str, Path], shape: str, perf_files: list[Path] = ()
-) -> pl.DataFrame:
+def perf_stack(runs: list[RunFolder], checks: dict[str, Path], shape: str) -> pl.DataFrame:
+    """The pipeline's own perf tests: every timing_s/* phase of each run's steps (the checks
+    stage's timing_analysis names the device), with tokens, peak memory and checkpoint sizes."""
     rows = []
     for run in runs:
         metrics = pl.read_parquet(run.path / "step_metrics.parquet")
@@ -426,8 +401,6 @@ def perf_stack(
                     "checkpoint_save_s": seconds.median() if saving else None,
                 }
             )
-    if all(r["device"] == "cpu" for r in rows):  # no GPU run here: show the committed ones
-        rows += [row for path in perf_files for row in committed_perf_rows(path)]
     frame = pl.DataFrame(rows, schema=schema(PERF_STACK))
     return frame.sort("source", "test", "run", "phase")
 
@@ -463,14 +436,13 @@ def build_tables(
     validation: list[Path],
     checks: dict[str, Path],
     model_dir: Path,
-    perf_files: list[Path] = (),
 ) -> dict[str, pl.DataFrame]:
     arms = runs[0].arms if runs else ()
     by_run = step_metrics_by_run(runs, dose_step)
     tables = {
         "step_metrics_by_run": by_run,
         "full_validation_views": full_validation_views(validation, arms),
-        "perf_stack": perf_stack(runs, checks, model_shape(model_dir), perf_files),
+        "perf_stack": perf_stack(runs, checks, model_shape(model_dir)),
         "arms_validation_curve": arms_validation_curve(runs),
         "arms_step_metrics": arms_step_metrics(by_run),
         "arms_call_advantage": arms_call_advantage(runs),

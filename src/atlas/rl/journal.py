@@ -37,6 +37,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from atlas.contracts import runs
+from atlas.contracts.records import RECORD_SCHEMA, TRAJECTORY_SCHEMA
 from atlas.hashing import (
     MANIFEST,
     atomic_dir,
@@ -47,7 +49,6 @@ from atlas.hashing import (
     write_manifest,
 )
 from atlas.rl.tracking import copy_logs
-from atlas.runtime.records import RECORD_SCHEMA, TRAJECTORY_SCHEMA
 from atlas.runtime.runfolder import write_rollouts
 from atlas.stage import log
 
@@ -81,6 +82,15 @@ def open_root(root: Path, fingerprint: dict[str, Any], resume_mode: str, run: st
     return digest
 
 
+def validation_points(steps: int, every: int) -> list[int]:
+    """Steps done at which the policy is validated: before training, every k, and at the end."""
+    return sorted({0, steps, *range(every, steps + 1, every)})
+
+
+def checkpoint_points(steps: int, every: int) -> list[int]:
+    return sorted({steps, *range(every, steps + 1, every)})
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / "journal" / f"step_{step}"
 
@@ -99,9 +109,12 @@ def write_step_results(
     root: Path, step: int, metrics: dict[str, float], call_rows: list[dict], samples: list[dict]
 ) -> None:
     folder = step_dir(root, step)
+    runs.arrow_table(
+        [metrics], runs.STEP_METRICS_SCHEMA, f"{folder / 'metrics.json'}"
+    )  # at step 1, not at the end
     atomic_write_json(folder / "samples.json", samples)
     atomic_write_json(folder / "metrics.json", metrics)
-    write_table(folder / "call_advantages.parquet", call_rows)
+    write_table(folder / "call_advantages.parquet", call_rows, runs.CALL_ADVANTAGES_SCHEMA)
 
 
 def write_validation(root: Path, completed: int, episodes, report, rows: list[dict], *, run: str) -> None:
@@ -111,9 +124,9 @@ def write_validation(root: Path, completed: int, episodes, report, rows: list[di
     atomic_write_json(folder / "validation.json", rows)
 
 
-def write_table(path: Path, rows: list[dict]) -> None:
+def write_table(path: Path, rows: list[dict], schema: pa.Schema) -> None:
     with atomic_path(path) as tmp:
-        pl.DataFrame(rows).write_parquet(tmp, compression="zstd")
+        runs.table(rows, schema, str(path)).write_parquet(tmp, compression="zstd")
 
 
 def _concat(paths: list[Path], schema: pa.Schema) -> pa.Table:
@@ -170,11 +183,17 @@ def assemble(
             {"run": run, "step": k, **json.loads((d / "metrics.json").read_text())}
             for k, d in enumerate(train)
         ]
-        pl.DataFrame(metrics).write_parquet(tmp / "step_metrics.parquet", compression="zstd")
-        calls = pl.concat([pl.read_parquet(d / "call_advantages.parquet") for d in train], how="diagonal")
-        calls.write_parquet(tmp / "call_advantages.parquet", compression="zstd")
+        runs.table(metrics, runs.STEP_METRICS_SCHEMA, "step metrics").write_parquet(
+            tmp / "step_metrics.parquet", compression="zstd"
+        )
+        calls = [row for d in train for row in pl.read_parquet(d / "call_advantages.parquet").to_dicts()]
+        runs.table(calls, runs.CALL_ADVANTAGES_SCHEMA, "call advantages").write_parquet(
+            tmp / "call_advantages.parquet", compression="zstd"
+        )
         curve = [row for d in val for row in json.loads((d / "validation.json").read_text())]
-        pl.DataFrame(curve).write_parquet(tmp / "validation.parquet", compression="zstd")
+        runs.table(curve, runs.VALIDATION_CURVE_SCHEMA, "validation curve").write_parquet(
+            tmp / "validation.parquet", compression="zstd"
+        )
         protocol = {
             "run": run,
             "train": _protocol_totals([d / "protocol.json" for d in train]),

@@ -25,6 +25,7 @@ import torch
 
 from atlas.config import PPOConfig
 from atlas.model.fused_lora import fused_lora
+from atlas.model.liger import liger_rope
 from atlas.model.policy import ActorCritic
 from atlas.rl.advantages import gae_over_sampled_batch
 from atlas.rl.fused_head import output_weight, packed_token_logprobs
@@ -41,6 +42,10 @@ class Batch:
     rollout_logprobs: torch.Tensor  # [B, T]
     rewards: torch.Tensor  # [B, T] rewards on action tokens
     masks: list[ReplayedMasks]
+
+    def lengths(self) -> list[int]:
+        """Real tokens per row (host ints)."""
+        return self.attention.sum(-1).tolist()
 
     def rows(self, idx: list[int]) -> Batch:
         return Batch(
@@ -121,8 +126,10 @@ class Passes:
     @contextlib.contextmanager
     def active(self):
         """The packed path's attention and LoRA forward for the block, peft's own afterwards
-        (rollouts need their attention implementation back)."""
+        (rollouts need their attention implementation back); Liger's RoPE where the policy has
+        Liger kernels (atlas.model.liger)."""
         with contextlib.ExitStack() as stack:
+            stack.enter_context(liger_rope(self.ac.peft))
             if self.packed:
                 stack.enter_context(packed_attention(self.ac.peft))
                 stack.enter_context(fused_lora(self.ac.peft))
@@ -160,6 +167,29 @@ class Passes:
 
 def _micro(indices: list[int], size: int) -> list[list[int]]:
     return [indices[i : i + size] for i in range(0, len(indices), size)]
+
+
+def token_budget_cut(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive rows of `indices` while their tokens (`lengths[row]`) fit `budget`; a row
+    longer than the budget goes alone. Every row lands in exactly one micro-batch, in order."""
+    out, cur, used = [], [], 0
+    for i in indices:
+        n = lengths[i]
+        if cur and used + n > budget:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    return out + ([cur] if cur else [])
+
+
+def micro_batches(indices: list[int], batch: Batch, ppo: PPOConfig) -> list[list[int]]:
+    """The forward/backward units of `indices`: by token budget (micro_batch_tokens) or by row
+    count (micro_batch_size). A budget keeps every unit's work about the same when trajectory
+    lengths vary (a tool-heavy episode is many times a direct answer)."""
+    if ppo.micro_batch_tokens is None:
+        return _micro(indices, ppo.micro_batch_size)
+    return token_budget_cut(indices, batch.lengths(), ppo.micro_batch_tokens)
 
 
 def make_optimizers(ac: ActorCritic, ppo: PPOConfig) -> dict[str, torch.optim.Optimizer]:
@@ -225,7 +255,7 @@ class Prepared:
 def prepare(ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -> Prepared:
     """Old log-probs, reference log-probs and values in micro-batches, then GAE."""
     n, mask = batch.input_ids.shape[0], batch.sampled
-    chunks = _micro(list(range(n)), ppo.micro_batch_size)
+    chunks = micro_batches(list(range(n)), batch, ppo)
     passes = Passes.for_batch(ac, batch, ppo, temperature)
     metrics: dict[str, float] = {}
     old_lp, ref_lp, values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
@@ -358,7 +388,7 @@ def _update_role(role, passes, batch, prep, optimizers, schedulers, ppo, mini) -
             rows = list(range(start, min(n, start + mini)))
             opt.zero_grad(set_to_none=True)
             tokens = mask[rows].sum().clamp(min=1)
-            for idx in _micro(rows, ppo.micro_batch_size):
+            for idx in micro_batches(rows, batch, ppo):
                 sub = batch.rows(idx)
                 weight = (mask[idx].sum() / tokens).item()  # token share of the mini-batch
                 # backward inside the role: peft clears requires_grad of inactive adapters,

@@ -52,7 +52,7 @@ def regrade_folder(
     path = folder / "records.parquet"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; the journal of a finished step always has it")
-    code = CodeBounds(runtime.max_code_run, runtime.max_code_escapes)
+    code = CodeBounds.of(runtime)
     rows = [r for r in pq.read_table(path).to_pylist() if r["tool_status"] != "refused"]
 
     def again(r: dict):

@@ -24,46 +24,47 @@ from pathlib import Path
 
 import torch
 
-from atlas.config import GraderConfig, PPOConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
+from atlas.config import GraderConfig, PPOConfig, RunConfig, RuntimeConfig, TrainingConfig, TrainSlice
+from atlas.model.liger import apply_liger, wanted
+from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
 from atlas.rl import journal
+from atlas.rl.metrics import step_summary
 from atlas.rl.potentials import Potential, make_potential
 from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
 from atlas.rl.rollout import (
     StepRollout,
     collect,
-    episode_specs,
     fill_records,
     step_questions,
-    step_summary,
 )
 from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
-from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser, smoke_slice
+from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
+from atlas.runtime.rollouts import episode_specs
 from atlas.runtime.session import Runtime, load_model, make_runtime
 from atlas.stage import log
 
 
-def parser(description: str):
-    p = rollout_parser(description)
-    p.add_argument("--train", required=True, type=Path, help="results/data/train.parquet")
-    p.add_argument("--checkpoints", required=True, type=Path, help="results/checkpoints/<run>")
-    p.add_argument("--snapshot", type=Path, help="run folder whose critic is the frozen potential")
-    return p
-
-
-def inputs_of(args) -> list[Path]:
-    snapshot = [args.snapshot / "checkpoints.json"] if args.snapshot else []
-    return [args.train, args.val, args.tests, *model_files(args.model), *snapshot]
-
-
 def build_policy(model_dir: Path, training: TrainingConfig, seed: int, device: str):
-    """The actor-critic on the base model, with gradient checkpointing when the config asks for it
-    (it acts in the updates only: transformers recomputes layers in training mode)."""
+    """The actor-critic on the base model, with gradient checkpointing and Liger kernels when the
+    config asks for them (both act in the updates: transformers recomputes layers in training
+    mode, and rollouts sample from their own model, see rollout_model)."""
     base, tokenizer = load_model(model_dir, device)
     ac = ActorCritic(base, training, seed=seed).to(device)
-    if training.ppo.on_gpu("gradient_checkpointing", torch.device(device).type == "cuda"):
+    cuda = torch.device(device).type == "cuda"
+    if training.ppo.on_gpu("gradient_checkpointing", cuda):
         ac.peft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if wanted(training.ppo.liger, cuda):
+        apply_liger(ac.peft)
     return ac, tokenizer
+
+
+def rollout_model(ac: ActorCritic, training: TrainingConfig, device: str) -> MergedModel | None:
+    """The merged serving copy of the actor (training.merged_rollouts), or None: sample through
+    the adapters."""
+    setting = training.merged_rollouts
+    on = torch.device(device).type == "cuda" if setting == "auto" else setting
+    return MergedModel(ac.peft, "actor") if on else None
 
 
 def build_potential(cfg: RunConfig, ac: ActorCritic, snapshot: Path | None):
@@ -78,15 +79,6 @@ def peak_memory() -> dict[str, float]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return out
-
-
-def validation_points(steps: int, every: int) -> list[int]:
-    """Steps done at which the policy is validated: before training, every k, and at the end."""
-    return sorted({0, steps, *range(every, steps + 1, every)})
-
-
-def checkpoint_points(steps: int, every: int) -> list[int]:
-    return sorted({steps, *range(every, steps + 1, every)})
 
 
 def validation_log(rows: list[dict]) -> dict[str, float]:
@@ -125,42 +117,45 @@ class Session:
     train_rows: list[dict]
     val_questions: list[dict]
     tests: dict
+    merged: MergedModel | None = None
 
     @property
     def ppo(self) -> PPOConfig:
         return self.training.ppo
 
+    def sync_rollout_model(self) -> None:
+        """Fold the actor's current LoRA into the serving copy (after an update or a load)."""
+        if self.merged is not None:
+            self.merged.refresh()
 
-def open_session(s: dict, args) -> Session:
+
+def open_session(sl: TrainSlice, args) -> Session:
     """The policy (fresh, seeded), its potential, optimizers and runtime, and the run's data."""
-    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
-    resources = ResourcesConfig.model_validate(s["resources"])
-    run = s["training"]["run"]
-    run_cfg = RunConfig.model_validate({k: v for k, v in run.items() if k != "name"})
-    training = TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"})
-    seed = s["seed"]
+    runtime, graders, training, seed = sl.runtime, sl.graders, sl.training, sl.seed
     random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
     torch.manual_seed(seed)
     val_rows = read_questions(args.val)
-    ac, tokenizer = build_policy(args.model, training, seed, resources.device)
-    potential = build_potential(run_cfg, ac, args.snapshot)
+    ac, tokenizer = build_policy(args.model, training, seed, sl.resources.device)
+    potential = build_potential(sl.run, ac, args.snapshot)
     optimizers = make_optimizers(ac, training.ppo)
+    merged = rollout_model(ac, training, sl.resources.device)
     return Session(
-        name=run["name"],
-        steps=run["steps"],
+        name=sl.run.name,
+        steps=sl.run.steps,
         seed=seed,
         runtime=runtime,
         graders=graders,
         training=training,
-        run_cfg=run_cfg,
+        run_cfg=sl.run,
         ac=ac,
-        rt=make_runtime(ac.peft, tokenizer, runtime),
+        rt=make_runtime(ac.peft if merged is None else merged.model, tokenizer, runtime),
         potential=potential,
         optimizers=optimizers,
-        schedulers=make_schedulers(optimizers, training.ppo, run["steps"]),
+        schedulers=make_schedulers(optimizers, training.ppo, sl.run.steps),
         train_rows=read_questions(args.train),
         val_questions=smoke_slice(val_rows, training.validation_questions or len(val_rows)),
         tests=read_tests(args.tests),
+        merged=merged,
     )
 
 
@@ -170,6 +165,7 @@ def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRol
     specs = episode_specs(
         step_questions(sess.train_rows, step), sess.tests, sess.training.responses_per_question
     )
+    sess.sync_rollout_model()
     data = collect(
         sess.rt,
         specs,

@@ -192,7 +192,7 @@ def run_episodes(
     """Run every episode to its end, one turn of all live episodes at a time. `progress` gets
     one line per turn. (The verl agent loop, atlas.verl.agent_loop, runs one episode with the
     same per-turn steps: begin_turn, take_generation, run_tool, record_turn.)"""
-    code = CodeBounds(cfg.max_code_run, cfg.max_code_escapes)
+    code = CodeBounds.of(cfg)
     episodes = [start_episode(rt, s, code) for s in specs]
     pool = ThreadPoolExecutor(max_workers=graders.workers)
     try:

@@ -26,6 +26,21 @@ def model_files(model_dir: str | Path) -> list[Path]:
     return sorted(p for p in Path(model_dir).rglob("*") if p.is_file() and p.name != ".snakemake_timestamp")
 
 
+def training_parser(description: str) -> argparse.ArgumentParser:
+    """A training stage's command line: a rollout stage's, plus the schedule, checkpoints, snapshot."""
+    p = rollout_parser(description)
+    p.add_argument("--train", required=True, type=Path, help="results/data/train.parquet")
+    p.add_argument("--checkpoints", required=True, type=Path, help="results/checkpoints/<run>")
+    p.add_argument("--snapshot", type=Path, help="run folder whose critic is the frozen potential")
+    return p
+
+
+def training_inputs(args) -> list[Path]:
+    """The files a training stage reads, for its fingerprint and manifest."""
+    snapshot = [args.snapshot / "checkpoints.json"] if args.snapshot else []
+    return [args.train, args.val, args.tests, *model_files(args.model), *snapshot]
+
+
 def read_questions(path: str | Path) -> list[dict]:
     return pq.read_table(path).to_pylist()
 

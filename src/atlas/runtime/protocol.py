@@ -21,8 +21,6 @@ from typing import Any
 from atlas.hashing import canonical_json
 from atlas.runtime.tools import check_arguments
 
-PINNED_COUNTS = ("episodes", "completed", "generations", "records", "calls", "violations")
-
 
 def parse_call(
     gen_ids: list[int], decode, open_id: int, close_id: int

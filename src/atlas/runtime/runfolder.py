@@ -8,10 +8,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from atlas.contracts.records import TRAJECTORY_SCHEMA
 from atlas.hashing import atomic_dir, atomic_path, atomic_write_json, write_manifest
 from atlas.runtime.inputs import model_files
 from atlas.runtime.protocol import ProtocolReport
-from atlas.runtime.records import TRAJECTORY_SCHEMA, write_records
+from atlas.runtime.records import write_records
 from atlas.stage import code_files
 
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlas.config import ConfigError, RuntimeConfig
-
-LETTERS = ("A", "B", "C", "D")
+from atlas.contracts.questions import LETTERS
 
 
 @dataclass(frozen=True)
@@ -39,6 +38,11 @@ class CodeBounds:
 
     run: int
     escapes: int
+
+    @classmethod
+    def of(cls, cfg: RuntimeConfig) -> CodeBounds:
+        """The bounds the runtime config sets (runtime.max_code_run, runtime.max_code_escapes)."""
+        return cls(cfg.max_code_run, cfg.max_code_escapes)
 
     @property
     def max_chars(self) -> int:
@@ -161,7 +165,7 @@ def token_bound(tools: dict[str, Tool], max_text_tokens: int) -> int:
 def check_runtime_bounds(cfg: RuntimeConfig) -> int:
     """Refuse a runtime config whose token caps a generation could exceed; returns the bound.
     The Snakefile calls it at load time, so a bad config stops before any job runs."""
-    code = CodeBounds(cfg.max_code_run, cfg.max_code_escapes)
+    code = CodeBounds.of(cfg)
     bound = max(token_bound(tools_for(source, code), cfg.max_text_tokens) for source in ("gpqa", "lcb"))
     if cfg.max_generation_tokens <= bound:
         raise ConfigError(

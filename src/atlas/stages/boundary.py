@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig
+from atlas.config import BoundarySlice, GraderConfig, RuntimeConfig
 from atlas.graders.sandbox import sandboxed_processes
 from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes, start_episode
 from atlas.runtime.inputs import read_questions, read_tests, rollout_parser
@@ -94,7 +94,7 @@ def build_cases(
 ) -> list[Case]:
     gpqa = next(q for q in questions if q["source"] == "gpqa")
     lcb = next(q for q in questions if q["source"] == "lcb" and not q["func_name"])
-    code = CodeBounds(runtime.max_code_run, runtime.max_code_escapes)
+    code = CodeBounds.of(runtime)
 
     def spec(q, script, sample=0):
         return EpisodeSpec(q, tests.get(q["question_uid"], []), sample, script)
@@ -232,7 +232,7 @@ def build_cases(
 
 def longest_prompt_cases(questions, tests, rt: Runtime, runtime: RuntimeConfig, spec) -> list[Case]:
     """The longest validation prompt, and one padded until only a submit fits in the budget."""
-    code = CodeBounds(runtime.max_code_run, runtime.max_code_escapes)
+    code = CodeBounds.of(runtime)
     lengths = [(start_episode(rt, spec(q, None), code).prompt_tokens, i) for i, q in enumerate(questions)]
     longest = questions[max(lengths)[1]]
     gpqa = next(q for q in questions if q["source"] == "gpqa")
@@ -278,9 +278,8 @@ def longest_prompt_cases(questions, tests, rt: Runtime, runtime: RuntimeConfig, 
 
 def main(argv: list[str] | None = None) -> None:
     args = rollout_parser(__doc__.splitlines()[0]).parse_args(argv)
-    s = args.config_slice
-    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
-    resources = ResourcesConfig.model_validate(s["resources"])
+    sl = BoundarySlice.model_validate(args.config_slice)
+    runtime, graders, resources = sl.runtime, sl.graders, sl.resources
 
     rt = load_runtime(args.model, runtime, resources.device)
     questions, tests = read_questions(args.val), read_tests(args.tests)
@@ -288,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     for i, case in enumerate(build_cases(questions, tests, rt, runtime, graders)):
         cfg = runtime.model_copy(update=case.runtime or {})
         case.spec.sample = i  # (question_uid, sample) names one case's episode in both parquet files
-        (ep,) = run_episodes(rt, [case.spec], cfg, graders, run=RUN, step=0, phase="val", seed=s["seed"])
+        (ep,) = run_episodes(rt, [case.spec], cfg, graders, run=RUN, step=0, phase="val", seed=sl.seed)
         check_episodes(
             [ep],
             rt.decode,

@@ -1,5 +1,8 @@
 """Model build stage: the tiny tokenizer + random-init Qwen3 model, saved in HF format.
 
+`model.shape` and `model.tokenizer` build the same at Qwen3-1.7B / 8B scale instead
+(atlas.model.shapes), saved in bf16.
+
 Writes `<out>/` (config.json, generation_config.json, model.safetensors, tokenizer files,
 build_info.json, MANIFEST.json) through a temporary folder renamed into place, so a crash leaves
 no half-built model. Before the rename the saved folder is reloaded and checked: same logits as
@@ -18,7 +21,8 @@ from atlas.chat import CALL_CLOSE, CALL_OPEN, IM_END
 from atlas.config import ModelConfig
 from atlas.errors import InputError
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
-from atlas.model.tiny import build_model, build_tokenizer
+from atlas.model.shapes import SHAPES, model_tokenizer, shape_model
+from atlas.model.tiny import build_model
 from atlas.stage import code_files, log, run, stage_parser
 
 STAGE = "model"
@@ -27,7 +31,7 @@ MODULE = "atlas.stages.build_tiny_model"
 
 def check_saved(folder, model, tokenizer) -> None:
     """Reload what was written and compare it with what is in memory."""
-    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=model.dtype)
     reloaded_tok = AutoTokenizer.from_pretrained(folder)
     ids = reloaded_tok.apply_chat_template(
         [{"role": "user", "content": "What is 6 x 7?"}], add_generation_prompt=True, return_tensors="pt"
@@ -53,9 +57,14 @@ def main(argv: list[str] | None = None) -> None:
     if spec.tiny is None:
         raise InputError(f"model.tiny is not set: model {spec.name!r} is read from {spec.path}, not built")
 
-    tokenizer = build_tokenizer(spec.tiny)
-    log(STAGE, "tokenizer trained", tokens=len(tokenizer))
-    model = build_model(spec.tiny, tokenizer)
+    tokenizer = model_tokenizer(spec)
+    log(STAGE, "tokenizer trained", tokens=len(tokenizer), kind=spec.tokenizer)
+    if spec.shape == "tiny":
+        model = build_model(spec.tiny, tokenizer)
+    else:
+        model = shape_model(
+            spec.shape, tokenizer, spec.tiny.seed, max_position_embeddings=spec.tiny.max_position_embeddings
+        )
     n_params = sum(p.numel() for p in model.parameters())
     log(STAGE, "model initialised", parameters=n_params, vocab=model.config.vocab_size)
 
@@ -75,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
                     for t in (*tokenizer.all_special_tokens, CALL_OPEN, CALL_CLOSE)
                 },
                 "spec": spec.tiny.model_dump(mode="json"),
+                "shape": spec.shape if spec.shape == "tiny" else SHAPES[spec.shape],
+                "tokenizer": spec.tokenizer,
             },
         )
         check_saved(tmp, model, tokenizer)

@@ -53,10 +53,11 @@ from atlas.checks.roundtrip import (
     probe_batch,
     probes,
 )
-from atlas.config import ChecksConfig, ResourcesConfig, TrainingConfig
+from atlas.config import ChecksSlice
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.rl.checkpoint import load_trainable
-from atlas.rl.step import build_policy, inputs_of, open_session, parser, train_step
+from atlas.rl.step import build_policy, open_session, train_step
+from atlas.runtime.inputs import training_inputs, training_parser
 from atlas.stage import code_files, log, run
 
 MODULE = "atlas.stages.checks"
@@ -100,12 +101,13 @@ def exported_actor_reproduces(model_dir: Path, adapters: Path, ac, ids: torch.Te
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__.splitlines()[0])
+    p = training_parser(__doc__.splitlines()[0])
     p.add_argument("--run-folder", required=True, type=Path, help="results/runs/<run>")
     p.add_argument("--distributed", required=True, type=Path, help="the distributed roundtrip's rank files")
     args = p.parse_args(argv)
     s = args.config_slice
-    name = s["training"]["run"]["name"]
+    sl = ChecksSlice.model_validate(s)
+    name = sl.run.name
     folder = args.run_folder
     index = read_json(folder / "checkpoints.json")
     verify_index(index)
@@ -114,8 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     by_step = {m["step"]: m for m in metrics}
     ids = probe_batch(folder / "trajectories.parquet")
 
-    training = TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"})
-    resources = ResourcesConfig.model_validate(s["resources"])
+    training, resources, checks = sl.training, sl.resources, sl.checks
     verl = training.engine == "verl"  # policy checkpoints only; optimizer and RNG stay in verl's
     made_by = read_json(folder / "run.json").get("engine", "local")
     if made_by != training.engine:
@@ -124,12 +125,11 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     def open_fresh():
-        return open_session(s, args)
+        return open_session(sl, args)
 
     def fresh_policy():
-        return build_policy(args.model, training, s["seed"], resources.device)[0]
+        return build_policy(args.model, training, sl.seed, resources.device)[0]
 
-    checks = ChecksConfig.model_validate(s.get("checks", {}))
     compact, optim, roundtrips = [], [], []
     for i, c in enumerate(index["checkpoints"]):
         ckpt, k = Path(c["path"]), c["step"]
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     batches = batch_math(
         pq.read_table(folder / "records.parquet").to_pylist(),
         pq.read_table(folder / "trajectories.parquet").to_pylist(),
-        steps=s["training"]["run"]["steps"],
-        questions=s["schedule"]["questions_per_step"],
+        steps=sl.run.steps,
+        questions=sl.schedule.questions_per_step,
         responses=training.responses_per_question,
         ppo=training.ppo,
     )
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         write_manifest(
             tmp,
             stage=f"checks/{name}",
-            inputs=[*inputs_of(args), *sorted(p for p in folder.rglob("*") if p.is_file())],
+            inputs=[*training_inputs(args), *sorted(p for p in folder.rglob("*") if p.is_file())],
             code=code_files(MODULE),
             config=s,
         )

@@ -33,7 +33,7 @@ from atlas.checks.distributed import (
     load_full,
     step_grads,
 )
-from atlas.config import TrainingConfig
+from atlas.config import split_training
 from atlas.hashing import atomic_write_json
 from atlas.model.policy import ROLES
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(device)
         # float32 matmuls in full precision on both sides of the comparison (no TF32)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    training = TrainingConfig.model_validate({k: v for k, v in args.training.items() if k != "run"})
+    training, _ = split_training(args.training)
     tensors, step, path = checkpoint_tensors(args.run_folder)
     batch = fixed_batch(args.run_folder / "trajectories.parquet", rows=2 * world)
     ids, sampled, score = (t.to(device) for t in batch)

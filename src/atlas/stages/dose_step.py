@@ -17,29 +17,23 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from atlas.config import GraderConfig, ResourcesConfig, RunConfig, RuntimeConfig, TrainingConfig
+from atlas.config import DoseSlice, RunConfig
+from atlas.contracts import runs
+from atlas.contracts.records import TRAJECTORY_SCHEMA
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.model.policy import ROLES
+from atlas.rl.metrics import call_advantages, step_summary
 from atlas.rl.ppo import make_batch, make_optimizers, prepare, update
 from atlas.rl.replay import replay_masks
-from atlas.rl.rollout import (
-    call_advantages,
-    check_protocol,
-    episode_specs,
-    fill_records,
-    rollout,
-    shape,
-    step_questions,
-    step_summary,
-)
-from atlas.rl.step import build_policy, build_potential, inputs_of
-from atlas.runtime.inputs import read_questions, read_tests, rollout_parser
-from atlas.runtime.records import TRAJECTORY_SCHEMA, write_records
+from atlas.rl.rollout import fill_records, shape, step_questions
+from atlas.rl.step import build_policy, build_potential
+from atlas.runtime.inputs import read_questions, read_tests, rollout_parser, training_inputs
+from atlas.runtime.records import write_records
+from atlas.runtime.rollouts import check_protocol, episode_specs, rollout
 from atlas.runtime.runfolder import trajectory_row
 from atlas.runtime.session import make_runtime
 from atlas.stage import code_files, log, run
@@ -59,15 +53,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--snapshot", type=Path, help="run folder whose critic is the frozen potential")
     args = p.parse_args(argv)
     s = args.config_slice
-    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
-    resources = ResourcesConfig.model_validate(s["resources"])
-    training = TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"})
-    dose_cfg = s["training"]["run"]
-    ppo, seed = training.ppo, s["seed"]
+    sl = DoseSlice.model_validate(s)
+    runtime, graders, resources, training, dose_cfg = (
+        sl.runtime,
+        sl.graders,
+        sl.resources,
+        sl.training,
+        sl.run,
+    )
+    ppo, seed = training.ppo, sl.seed
     run_cfg = RunConfig(
-        potential=dose_cfg["potential"],
-        snapshot_of=dose_cfg["snapshot_of"],
-        snapshot_step=dose_cfg["snapshot_step"],
+        potential=dose_cfg.potential, snapshot_of=dose_cfg.snapshot_of, snapshot_step=dose_cfg.snapshot_step
     )
 
     ac, tokenizer = build_policy(args.model, training, seed, resources.device)
@@ -83,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
 
     per_dose, records, calls, metrics_rows = [], [], [], []
     base_returns: list[float] | None = None
-    for dose in dose_cfg["doses"]:
+    for dose in dose_cfg.doses:
         with torch.no_grad():  # the same start for every dose
             for role in ROLES:
                 for n, t in ac.trainable(role).items():
@@ -147,8 +143,12 @@ def main(argv: list[str] | None = None) -> None:
         write_records(tmp / "records.parquet", records)
         rows = [trajectory_row(ep, run=RUN, step=0, phase="train") for ep in episodes]
         pq.write_table(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), tmp / "trajectories.parquet")
-        pl.DataFrame(calls).write_parquet(tmp / "call_advantages.parquet")
-        pl.DataFrame(metrics_rows).write_parquet(tmp / "step_metrics.parquet")
+        runs.table(calls, runs.DOSE_CALL_ADVANTAGES_SCHEMA, "dose step call advantages").write_parquet(
+            tmp / "call_advantages.parquet"
+        )
+        runs.table(metrics_rows, runs.DOSE_STEP_METRICS_SCHEMA, "dose step metrics").write_parquet(
+            tmp / "step_metrics.parquet"
+        )
         total = per_dose[0]["protocol"]
         atomic_write_json(tmp / "protocol.json", {"run": RUN, **total})
         atomic_write_json(
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
                 "doses": per_dose,
             },
         )
-        write_manifest(tmp, stage=RUN, inputs=inputs_of(args), code=code_files(MODULE), config=s)
+        write_manifest(tmp, stage=RUN, inputs=training_inputs(args), code=code_files(MODULE), config=s)
     log(RUN, "wrote", out=args.out)
 
 

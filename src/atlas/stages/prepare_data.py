@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from atlas.config import DataConfig, ScheduleConfig
+from atlas.contracts.questions import TESTS_SCHEMA, TRAIN_SCHEMA, VAL_SCHEMA
 from atlas.data.gpqa import read_gpqa
 from atlas.data.lcb import read_lcb
 from atlas.data.schedule import build_schedule
-from atlas.data.schema import TESTS_SCHEMA, TRAIN_SCHEMA, VAL_SCHEMA, DataError, Question
+from atlas.data.schema import DataError, Question
 from atlas.hashing import atomic_path, write_manifest
 from atlas.stage import code_files, log, run, stage_parser
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from atlas.config import ReportSlice
+from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.errors import InputError
 from atlas.hashing import MANIFEST, atomic_dir, atomic_write_text, write_manifest
 from atlas.report import card, figures
@@ -39,9 +41,6 @@ def parser():
     p.add_argument("--boundary", required=True, type=Path)
     p.add_argument("--checks", required=True, nargs="+", type=Path, help="results/checks/<run> folders")
     p.add_argument("--validation", required=True, nargs="+", type=Path, help="results/validation/<policy>")
-    p.add_argument(
-        "--perf", nargs="*", type=Path, default=[], help="committed GPU perf JSON (report.perf_files)"
-    )
     return p
 
 
@@ -60,7 +59,7 @@ def gather_records(folders: dict[str, Path], dest: Path) -> list[str]:
 
 
 def protocol_rows(stages: dict[str, Path]) -> list[dict]:
-    keys = ("episodes", "completed", "generations", "records", "calls", "violations")
+    keys = PINNED_COUNTS
     rows = []
     for stage, folder in stages.items():
         p = read_json(folder / "protocol.json")
@@ -74,7 +73,8 @@ def protocol_rows(stages: dict[str, Path]) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     s = args.config_slice
-    arms = tuple(s["report"]["arms"])
+    sl = ReportSlice.model_validate(s)
+    arms = tuple(sl.report.arms)
     runs = [RunFolder(p, arms) for p in args.runs]
     missing = sorted(set(arms) - {r.name for r in runs})
     if missing:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         raise InputError(f"no --checks folder for the runs {absent}")
 
     log("report", "building tables", runs=len(runs), policies=len(args.validation))
-    tables = build_tables(runs, args.dose_step, args.validation, checks, args.model, args.perf)
+    tables = build_tables(runs, args.dose_step, args.validation, checks, args.model)
     sources = {
         "smoke": args.smoke,
         "boundary": args.boundary,
@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         atomic_write_text(
             tmp / "README.md",
             card.render(
-                title=s["report"]["title"],
-                study=s["study"],
+                title=sl.report.title,
+                study=sl.study,
                 tables=tables,
                 protocol=protocol,
                 validation=validation,
@@ -126,7 +126,6 @@ def main(argv: list[str] | None = None) -> None:
         inputs = [
             args.model / "config.json",
             *(folder / MANIFEST for folder in record_folders.values()),
-            *args.perf,
         ]
         write_manifest(tmp, stage="report", inputs=inputs, code=code_files(MODULE), config=s)
     log("report", "wrote", out=args.out, tables=len(tables), records=len(records), figures=len(drawn))

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import sys
 
-from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig, SmokeConfig
+from atlas.config import SmokeSlice
+from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.runtime.episode import EpisodeSpec, run_episodes
 from atlas.runtime.inputs import read_questions, read_tests, rollout_parser, smoke_slice
-from atlas.runtime.protocol import PINNED_COUNTS, check_episodes
+from atlas.runtime.protocol import check_episodes
 from atlas.runtime.runfolder import write_rollout_stage
 from atlas.runtime.session import load_runtime
 from atlas.stage import log, run
@@ -28,9 +29,8 @@ MODULE = "atlas.stages.smoke"
 
 def main(argv: list[str] | None = None) -> None:
     args = rollout_parser(__doc__.splitlines()[0]).parse_args(argv)
-    s = args.config_slice
-    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
-    smoke, resources = SmokeConfig.model_validate(s["smoke"]), ResourcesConfig.model_validate(s["resources"])
+    sl = SmokeSlice.model_validate(args.config_slice)
+    runtime, graders, smoke, resources = sl.runtime, sl.graders, sl.smoke, sl.resources
 
     questions = smoke_slice(read_questions(args.val), smoke.questions)
     tests = read_tests(args.tests)
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
         run=RUN,
         step=0,
         phase="val",
-        seed=s["seed"],
+        seed=sl.seed,
         progress=lambda m: log(RUN, m),
     )
     report = check_episodes(

@@ -20,41 +20,32 @@ import time
 
 from tqdm import tqdm
 
-from atlas.config import TrainingConfig
+from atlas.config import TrainSlice
 from atlas.hashing import sha256_file
 from atlas.rl import journal, regrade, tracking
 from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, save_compact
-from atlas.rl.rollout import call_advantages, check_protocol, episode_specs, rollout, validation_rows
+from atlas.rl.journal import checkpoint_points, validation_points
+from atlas.rl.metrics import call_advantages
 from atlas.rl.sampler import DeviceSampler
-from atlas.rl.step import (
-    checkpoint_points,
-    inputs_of,
-    open_session,
-    parser,
-    peak_memory,
-    replay_journal,
-    train_step,
-    validation_log,
-    validation_points,
-)
+from atlas.rl.step import open_session, peak_memory, replay_journal, train_step, validation_log
+from atlas.runtime.inputs import training_inputs, training_parser
+from atlas.runtime.rollouts import check_protocol, episode_specs, rollout, validation_rows
 from atlas.stage import code_files, log, run
 
 MODULE = "atlas.stages.train"
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    args = training_parser(__doc__.splitlines()[0]).parse_args(argv)
     s = args.config_slice
-    name, training = (
-        s["training"]["run"]["name"],
-        TrainingConfig.model_validate({k: v for k, v in s["training"].items() if k != "run"}),
-    )
+    sl = TrainSlice.model_validate(s)
+    name, training = sl.run.name, sl.training
     root = args.checkpoints
 
     # The working folder: same config and inputs -> keep (resume); else move the old work aside.
-    fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in inputs_of(args)}}
+    fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in training_inputs(args)}}
     digest = journal.open_root(root, fingerprint, training.resume_mode, name)
-    sess = open_session(s, args)
+    sess = open_session(sl, args)
     steps = sess.steps
 
     points = validation_points(steps, training.validation_every)
@@ -63,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     def validate(done: int) -> None:
         t = time.perf_counter()
         specs = episode_specs(sess.val_questions, sess.tests, training.validation_samples)
+        sess.sync_rollout_model()
         episodes = rollout(
             sess.rt, specs, sess.runtime, sess.graders, run=name, step=done, phase="val", seed=sess.seed
         )
@@ -175,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
             "checkpoints": root.as_posix(),
         },
         export=lambda folder: export_adapters(sess.ac, folder),
-        manifest={"stage": name, "inputs": inputs_of(args), "code": code_files(MODULE), "config": s},
+        manifest={"stage": name, "inputs": training_inputs(args), "code": code_files(MODULE), "config": s},
     )
     log(name, "wrote", out=args.out)
 

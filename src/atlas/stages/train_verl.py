@@ -20,9 +20,11 @@ import os
 import shlex
 import subprocess
 
+from atlas.config import TrainSlice
 from atlas.hashing import sha256_file
 from atlas.rl import journal
-from atlas.rl.step import inputs_of, parser, validation_points
+from atlas.rl.journal import validation_points
+from atlas.runtime.inputs import training_inputs, training_parser
 from atlas.stage import code_files, log, run
 from atlas.verl import convert
 from atlas.verl.agent_loop import slice_config
@@ -33,14 +35,15 @@ MODULE = "atlas.stages.train_verl"
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__.splitlines()[0])
+    p = training_parser(__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="prepare and check, print the command, stop")
     args = p.parse_args(argv)
     s = args.config_slice
     cfg = slice_config(s)
-    name, steps = s["training"]["run"]["name"], s["training"]["run"]["steps"]
+    sl = TrainSlice.model_validate(s)
+    name, steps = sl.run.name, sl.run.steps
     root = args.checkpoints
-    fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in inputs_of(args)}}
+    fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in training_inputs(args)}}
     journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
     overrides, metrics, episodes = prepare(args, cfg, name, steps, root)
     command = launch_command(overrides)

@@ -28,18 +28,18 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file
 
 from atlas.checks.compact import CheckFailed
-from atlas.config import GraderConfig, ResourcesConfig, RuntimeConfig, TrainingConfig
+from atlas.config import ValidationSlice
+from atlas.contracts.protocol import PINNED_COUNTS
+from atlas.contracts.runs import ANSWERS_SCHEMA, arrow_table
 from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
 from atlas.model.policy import ActorCritic
-from atlas.rl.rollout import check_protocol, episode_specs, rollout, validation_rows
 from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser
-from atlas.runtime.protocol import PINNED_COUNTS
+from atlas.runtime.rollouts import check_protocol, episode_specs, rollout, validation_rows
 from atlas.runtime.runfolder import write_rollouts
 from atlas.runtime.session import load_model, make_runtime
 from atlas.stage import code_files, log, run
@@ -74,14 +74,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--run-folder", type=Path, help="results/runs/<run> for a trained policy")
     args = p.parse_args(argv)
     s = args.config_slice
-    runtime, graders = RuntimeConfig.model_validate(s["runtime"]), GraderConfig.model_validate(s["graders"])
-    resources = ResourcesConfig.model_validate(s["resources"])
-    training = TrainingConfig.model_validate(s["training"])
+    sl = ValidationSlice.model_validate(s)
+    runtime, graders, resources, training = sl.runtime, sl.graders, sl.resources, sl.training
     model, tokenizer = load_model(args.model, resources.device)
     on_disk = load_file(str(args.model / "model.safetensors"))
     probes: dict = {"base_tensors": {}}
 
-    ac = ActorCritic(model, training, seed=s["seed"]).to(resources.device)
+    ac = ActorCritic(model, training, seed=sl.seed).to(resources.device)
     initial = {n: t.detach().clone() for n, t in ac.trainable("actor").items()}
     if args.policy != "base":
         index = json.loads((args.run_folder / "checkpoints.json").read_text(encoding="utf-8"))
@@ -111,11 +110,11 @@ def main(argv: list[str] | None = None) -> None:
     ctx = ac.peft.disable_adapter() if args.policy == "base" else torch.no_grad()
     rt = make_runtime(policy_model, tokenizer, runtime)
     questions = read_questions(args.val)
-    specs = episode_specs(questions, read_tests(args.tests), s["validation"]["samples"])
+    specs = episode_specs(questions, read_tests(args.tests), sl.validation.samples)
     log(args.policy, "validating", episodes=len(specs))
     with ctx:
         episodes = rollout(
-            rt, specs, runtime, graders, run=f"validation/{args.policy}", step=0, phase="val", seed=s["seed"]
+            rt, specs, runtime, graders, run=f"validation/{args.policy}", step=0, phase="val", seed=sl.seed
         )
     report = check_protocol(rt, episodes, runtime)
     rows = validation_rows(episodes, run=args.policy, step=0)
@@ -149,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     with atomic_dir(args.out) as tmp:
         write_rollouts(tmp, episodes, report, run=f"validation/{args.policy}", step=0, phase="val")
-        pq.write_table(pa.Table.from_pylist(answers), tmp / "answers.parquet")
+        pq.write_table(arrow_table(answers, ANSWERS_SCHEMA, "answers"), tmp / "answers.parquet")
         atomic_write_json(tmp / "validation.json", summary)
         inputs = [args.val, args.tests, *model_files(args.model)]
         if args.run_folder:

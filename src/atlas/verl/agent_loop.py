@@ -42,15 +42,7 @@ import xgrammar as xgr
 from pydantic import BaseModel
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from atlas.config import (
-    AtlasConfig,
-    GraderConfig,
-    ResourcesConfig,
-    RunConfig,
-    RuntimeConfig,
-    ScheduleConfig,
-    TrainingConfig,
-)
+from atlas.config import AtlasConfig, RunConfig, TrainSlice
 from atlas.hashing import atomic_path, canonical_json
 from atlas.rl.potentials import Potential, make_potential
 from atlas.rl.replay import unpack_bitmask
@@ -96,17 +88,15 @@ def slice_config(s: dict[str, Any]) -> AtlasConfig:
     Snakemake validated the whole config; the slice holds one run (`training.run`), so the checks
     across runs (a snapshot run must exist) are not repeated: the training keys are validated
     without runs, then the one run is put back."""
-    run = s["training"]["run"]
-    keys = {k: v for k, v in s["training"].items() if k != "run"}
-    training = TrainingConfig.model_validate({**keys, "runs": {}, "dose_step": {"snapshot_of": None}})
-    runs = {run["name"]: RunConfig.model_validate({k: v for k, v in run.items() if k != "name"})}
+    sl = TrainSlice.model_validate(s)
+    run = RunConfig.model_validate(sl.run.model_dump(exclude={"name"}))
     return AtlasConfig.model_construct(
-        seed=s["seed"],
-        schedule=ScheduleConfig.model_validate(s["schedule"]),
-        runtime=RuntimeConfig.model_validate(s["runtime"]),
-        graders=GraderConfig.model_validate(s["graders"]),
-        training=training.model_copy(update={"runs": runs}),
-        resources=ResourcesConfig.model_validate(s["resources"]),
+        seed=sl.seed,
+        schedule=sl.schedule,
+        runtime=sl.runtime,
+        graders=sl.graders,
+        training=sl.training.model_copy(update={"runs": {sl.run.name: run}}),
+        resources=sl.resources,
     )
 
 
@@ -322,7 +312,7 @@ class AtlasToolAgentLoop(AgentLoopBase):
         if uid not in setup.questions:
             raise KeyError(f"question {uid!r} of the verl dataset is in neither train nor val parquet")
         spec = EpisodeSpec(setup.questions[uid], setup.tests.get(uid, []), sample)
-        ep = start_episode(rt, spec, CodeBounds(cfg.max_code_run, cfg.max_code_escapes))
+        ep = start_episode(rt, spec, CodeBounds.of(cfg))
         metrics = AgentLoopMetrics()
         for turn in range(cfg.max_turns):
             offered = begin_turn(ep, rt, turn, cfg)

@@ -31,12 +31,14 @@ from typing import Any
 
 import torch
 
+from atlas.contracts.protocol import PINNED_COUNTS
+from atlas.contracts.runs import STEP_METRICS
 from atlas.hashing import MANIFEST, atomic_write_json, sha256_file
-from atlas.report.tables import STEP_METRICS
 from atlas.rl import journal
-from atlas.rl.rollout import call_advantages, step_summary, validation_rows
+from atlas.rl.metrics import call_advantages, step_summary
 from atlas.runtime.protocol import ProtocolReport
 from atlas.runtime.records import ExecutionRecord
+from atlas.runtime.rollouts import validation_rows
 from atlas.runtime.runfolder import write_rollouts
 
 
@@ -95,7 +97,7 @@ def read_episodes(folder: Path) -> list[StoredEpisode]:
 def protocol_of(episodes: list[StoredEpisode]) -> ProtocolReport:
     total = ProtocolReport()
     for ep in episodes:
-        for key in ("episodes", "completed", "generations", "records", "calls", "violations"):
+        for key in PINNED_COUNTS:
             setattr(total, key, getattr(total, key) + ep.protocol[key])
         total.violation_rows.extend(ep.protocol["violation_rows"])
     return total
@@ -232,7 +234,7 @@ def assemble_run(
 ) -> None:
     """The run folder from the journal (journal.assemble), with verl's checkpoints converted to
     policy checkpoints (checkpoints.json) and the last one exported as adapters/."""
-    from atlas.rl.step import inputs_of
+    from atlas.runtime.inputs import training_inputs
 
     index = verl_checkpoints(root / "verl" / "checkpoints")
     saved = policy_checkpoints(root, index)
@@ -259,5 +261,5 @@ def assemble_run(
             "checkpoints": root.as_posix(),
         },
         export=export,
-        manifest={"stage": name, "inputs": inputs_of(args), "code": code(module), "config": s},
+        manifest={"stage": name, "inputs": training_inputs(args), "code": code(module), "config": s},
     )

@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Rollout benchmark: the training runtime's engine on the report's batch, LoRA served merged or not.
+
+    python scripts/bench_rollout.py --shape 1.7b --tokenizer .gpu/tokenizer --out $OUT/rollout.json
+
+The base is atlas.model.shapes' random-init Qwen3 of the shape over the synthetic 151,936-token
+tokenizer (`--tokenizer` folder; built there if missing), in bf16. Each arm is the runtime the
+trainer makes (atlas.runtime.session.make_runtime: StaticEngine, compiled, grammar-constrained):
+
+    base      the base model alone (no LoRA)
+    adapters  the actor LoRA (r, alpha 2r, all linear layers) through the adapter layers
+    merged    the same actor folded into a plain copy (atlas.model.merged), as training serves it
+
+The batch is 32 questions x 8 samples, `--new` tokens each. After the runs, the log-probs of
+the merged model and of the adapter path are compared on the generated rows (bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from atlas.config import RuntimeConfig, TrainingConfig
+from atlas.model.merged import MergedModel
+from atlas.model.policy import ActorCritic
+from atlas.model.shapes import shape_model, synthetic_tokenizer
+from atlas.runtime.engine import GenerationRequest
+from atlas.runtime.session import make_runtime
+from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
+
+CFG = RuntimeConfig(max_text_tokens=48, max_code_run=64, max_code_escapes=8, max_generation_tokens=1024)
+
+
+def requests(rt, questions: int, samples: int, new: int) -> list[GenerationRequest]:
+    code = CodeBounds(CFG.max_code_run, CFG.max_code_escapes)
+    out = []
+    for i in range(questions * samples):
+        tools = gpqa_tools(code) if (i // samples) % 2 == 0 else lcb_tools(code)
+        prompt = rt.chat_ids(
+            [
+                {
+                    "role": "user",
+                    "content": f"Question {i // samples}: which option holds? Think, then call a tool.",
+                }
+            ],
+            [t.spec() for t in tools.values()],
+        )
+        out.append(GenerationRequest(prompt, rt.grammars.get(tools), new, seed=i))
+    return out
+
+
+def timed_generate(rt, reqs, repeats: int) -> dict:
+    rt.engine.generate(reqs)  # compile and capture
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        gens = rt.engine.generate(reqs)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    seconds = sorted(times)[len(times) // 2]
+    tokens = sum(len(g.token_ids) for g in gens)
+    return {
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "timing": rt.engine.last_timing,
+    }, gens
+
+
+def logprob_gap(ac, merged, reqs, gens, rows: int = 8) -> float:
+    """Max |log p_merged - log p_adapters| of the generated tokens (raw distribution), bf16."""
+    gap = 0.0
+    with torch.no_grad():
+        for r, g in list(zip(reqs, gens, strict=True))[:rows]:
+            ids = torch.tensor([list(r.prompt_ids) + g.token_ids], device="cuda")
+            n = len(g.token_ids)
+            tgt = ids[0, -n:]
+            a = ac.actor_logits(ids)[0, -n - 1 : -1].float().log_softmax(-1).gather(-1, tgt[:, None])
+            b = (
+                merged.model(input_ids=ids)
+                .logits[0, -n - 1 : -1]
+                .float()
+                .log_softmax(-1)
+                .gather(-1, tgt[:, None])
+            )
+            gap = max(gap, (a - b).abs().max().item())
+    return gap
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="1.7b")
+    p.add_argument("--tokenizer", type=Path, default=Path(".gpu/tokenizer"))
+    p.add_argument("--arms", default="base,merged")
+    p.add_argument("--lora", type=int, default=64)
+    p.add_argument("--questions", type=int, default=32)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    if not (args.tokenizer / "tokenizer.json").exists():
+        synthetic_tokenizer().save_pretrained(args.tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    base = shape_model(args.shape, tokenizer, device="cuda")
+    training = TrainingConfig(
+        responses_per_question=args.samples, lora_rank=args.lora, lora_alpha=2 * args.lora
+    )
+    ac = merged = None
+    results = {
+        "command": " ".join(["scripts/bench_rollout.py", *__import__("sys").argv[1:]]),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "shape": args.shape,
+        "vocab": len(tokenizer),
+        "batch": args.questions * args.samples,
+        "new_tokens": args.new,
+        "lora_rank": args.lora,
+        "arms": {},
+    }
+    for arm in args.arms.split(","):
+        if arm != "base" and ac is None:
+            ac = ActorCritic(base, training, seed=0).to("cuda")
+            with torch.no_grad():  # a trained-looking actor: B off zero, so the merge matters
+                for name, t in ac.trainable("actor").items():
+                    if "lora_B" in name:
+                        t.normal_(0, 1e-3)
+            merged = MergedModel(ac.peft, "actor")
+        model = {"base": base, "adapters": ac and ac.peft, "merged": merged and merged.model}[arm]
+        rt = make_runtime(model, tokenizer, CFG)
+        reqs = requests(rt, args.questions, args.samples, args.new)
+        row, gens = timed_generate(rt, reqs, args.repeats)
+        row["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        if arm == "merged":
+            t = time.perf_counter()
+            merged.refresh()
+            torch.cuda.synchronize()
+            row["refresh_s"] = time.perf_counter() - t
+            row["logprob_gap_vs_adapters"] = logprob_gap(ac, merged, reqs, gens)
+        results["arms"][arm] = row
+        print(
+            f"{arm:10s} {row['tokens_per_s']:10.0f} tok/s  {row['seconds']:.2f} s  {row['tokens']} tokens "
+            + " ".join(
+                f"{k}={v:.4g}" for k, v in row.items() if k in ("refresh_s", "logprob_gap_vs_adapters")
+            ),
+            flush=True,
+        )
+        del rt
+    if "base" in results["arms"]:
+        for arm, row in results["arms"].items():
+            row["vs_base"] = row["tokens_per_s"] / results["arms"]["base"]["tokens_per_s"]
+            print(f"{arm:10s} {row['vs_base']:.3f} of base tokens/s")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
