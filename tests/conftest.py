@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from ci_skips import pytest_runtest_makereport  # noqa: F401  (the hook: no guarantee skips in CI)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "resources" / "fixtures"

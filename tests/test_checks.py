@@ -78,7 +78,9 @@ def test_checks_records(pipeline, run, monkeypatch):
     ]
     for r in compact:
         assert set(r) == COMPACT_KEYS
-        assert r["all_finite"] and r["base_weights_present"] == 0 and r["rank"] == 0
+        # all_finite and base_weights_present are written once the check passed: what guards
+        # them is the check refusing a bad file (the tests below and tests/test_check_failures.py).
+        assert r["rank"] == 0
         assert r["critic_head_keys"] == (
             ["value_head.bias", "value_head.weight"] if r["role"] == "critic" else []
         )
@@ -98,7 +100,9 @@ def test_checks_records(pipeline, run, monkeypatch):
     assert cpu["resumed_steps"] == CFG.checks.resumed_steps == 1  # the embedded default's
     assert [r["step"] for r in roundtrip] == list(range(1, steps + 1))
     for r in roundtrip:
-        assert set(r) == ROUNDTRIP_KEYS and r["probe_logprobs_equal"] and r["probe_values_equal"]
+        # probe_*_equal are written once the roundtrip passed; tests/test_check_failures.py
+        # makes the roundtrip fail on changed probes, rounded and non-finite tensors.
+        assert set(r) == ROUNDTRIP_KEYS and r["tensors_bit_equal"] == 2 * (2 * 7 * 2) + 2
         if r["step"] == 1:  # the first checkpoint is resumed from: every computed metric of step 1
             assert r["next_step_metrics_equal"] > 40
         else:

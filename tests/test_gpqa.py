@@ -1,3 +1,4 @@
+import hashlib
 import subprocess
 import sys
 
@@ -28,8 +29,14 @@ def test_reads_fixture_and_stores_permutation_and_letter():
 
 
 def test_permutation_is_a_pinned_function_of_the_record_id():
-    assert option_permutation("recABCDEFGHIJKLMN") == option_permutation("recABCDEFGHIJKLMN")
-    assert option_permutation("recABCDEFGHIJKLMN") == [0, 2, 3, 1]
+    # The pinned definition: the original options ordered by the sha256 of
+    # "atlas/gpqa-options/v1:<record id>:<original index>" (a changed salt reshuffles every question).
+    digests = [
+        hashlib.sha256(f"atlas/gpqa-options/v1:recABCDEFGHIJKLMN:{i}".encode()).hexdigest() for i in range(4)
+    ]
+    assert (
+        option_permutation("recABCDEFGHIJKLMN") == sorted(range(4), key=digests.__getitem__) == [0, 2, 3, 1]
+    )
     assert option_permutation("rec00000000000001") == [2, 0, 3, 1]
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.image as mpimg
 import polars as pl
 import pytest
 import yaml
@@ -321,9 +322,9 @@ def test_figures_and_records(pipeline):
         "step_metrics.png",
         "validation_curves.png",
     ]
-    for f in figures:
-        data = f.read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, f.name
+    for f in figures:  # real images with ink on them; what they show: tests/test_figures.py
+        pixels = mpimg.imread(f)
+        assert pixels.ndim == 3 and min(pixels.shape[:2]) > 200 and (pixels[..., :3] < 0.5).any(), f.name
     records = {p.name for p in (pipeline / REPORT / "records").iterdir()}
     for run in ("training_smoke", *ARMS):
         assert f"{run}.protocol.json" in records and f"{run}.run.json" in records

@@ -15,6 +15,7 @@ from xgrammar.structural_tag import (
     TagFormat,
 )
 
+from atlas.chat import CALL_CLOSE, CALL_OPEN
 from atlas.config import GraderConfig, RuntimeConfig
 from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.episode import EpisodeSpec, run_episodes
@@ -121,19 +122,135 @@ def test_call_tag_lover_cannot_put_tags_inside_strings(rt):
         assert not set(gen.token_ids) & rt.grammars.banned_token_ids
 
 
+def spelling_adversary(rt, tag: str):
+    """A logit bias that spells `tag` in ordinary tokens: at every step +30 on each token whose
+    text continues the longest suffix of the text so far that begins `tag` (so every one of the
+    vocabulary's spellings, "tool", "call", "</", single characters, competes)."""
+    vocab = [rt.tokenizer.decode([i]) if i < len(rt.tokenizer) else "" for i in range(rt.engine.vocab_size)]
+    ordinary = [i for i, t in enumerate(vocab) if t and i not in (rt.call_open_id, rt.call_close_id)]
+
+    def bias(generated):
+        text = rt.decode(generated)
+        done = next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-k:])), 0)
+        rest = tag[done:]
+        b = torch.zeros(rt.engine.vocab_size)
+        b[[i for i in ordinary if rest.startswith(vocab[i]) or vocab[i].startswith(rest)]] = 30.0
+        return b
+
+    return bias
+
+
+@pytest.mark.parametrize("tag", ["<tool_call>", "</tool_call>"])
+def test_free_text_never_spells_a_call_tag_in_ordinary_tokens(rt, tag):
+    """The tags are single tokens, but their text is also printable ASCII that the free text
+    could spell piece by piece: a text parser (vLLM's, a reader of the decoded records) would then
+    see a call before the call. The grammar's free text excludes the tags' text. (Inside a code
+    string the text is data: JSON quotes it, and calls are parsed by token id.)"""
+    for tools in (gpqa_tools(CODE), lcb_tools(CODE)):
+        grammar = rt.grammars.get(tools)
+        requests = [
+            GenerationRequest(prompt(rt, tools), grammar, 512, seed, spelling_adversary(rt, tag))
+            for seed in range(8)
+        ]
+        for gen in rt.engine.generate(requests):
+            text = rt.decode(gen.token_ids[: gen.token_ids.index(rt.call_open_id)])
+            assert tag not in text, text
+            # The adversary got most of the way: the grammar refused only the last piece.
+            assert tag[:-1] in text, text
+            assert gen.token_ids.count(rt.call_open_id) == gen.token_ids.count(rt.call_close_id) == 1
+
+
+def test_the_grammar_refuses_the_last_piece_of_a_spelled_tag(rt):
+    """As any engine is handed it: after "<tool_call" spelled in ordinary tokens, ">" is illegal;
+    the same pieces are legal when they do not complete a tag."""
+    import xgrammar as xgr
+
+    grammar = rt.grammars.get(gpqa_tools(CODE))
+    encode = lambda text: rt.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    for tag in (CALL_OPEN, CALL_CLOSE):
+        pieces = encode(tag[:-1])
+        assert rt.call_open_id not in pieces and rt.call_close_id not in pieces
+        m = xgr.GrammarMatcher(grammar.grammar)
+        assert all(m.accept_token(t) for t in pieces)
+        assert not m.accept_token(encode(">")[0]), tag
+        m = xgr.GrammarMatcher(grammar.grammar)
+        assert all(m.accept_token(t) for t in pieces + encode("s>"))  # "<tool_calls>" is just text
+
+
+def scripted(rt, text_tokens: list[int]):
+    """A logit bias that plays `text_tokens` one by one (+1e4 on the next one): where the grammar
+    allows the token the engine must take it, where it does not the grammar wins."""
+
+    def bias(generated):
+        b = torch.zeros(rt.engine.vocab_size)
+        if len(generated) < len(text_tokens):
+            b[text_tokens[len(generated)]] = 1e4
+        return b
+
+    return bias
+
+
+def char_ids(rt, text: str) -> list[int]:
+    """`text` spelled one character per token (the tiny vocabulary has every printable byte)."""
+    ids = [rt.tokenizer.convert_tokens_to_ids(c) for c in text]
+    assert all(isinstance(i, int) and rt.tokenizer.decode([i]) == c for i, c in zip(ids, text, strict=True))
+    return ids
+
+
+def longest_lcb_generation(rt) -> list[int]:
+    """By hand: the most tokens an LCB generation can take under RUNTIME's bounds. Free text of
+    16 one-character tokens, the call tag, the call spelled one character per token with a code
+    string of 3 full runs of 16 separated by 2 of the longest escapes (a surrogate pair,
+    12 characters), the closing tag, the stop token."""
+    run, pair = "a" * 16, "\\ud83d\\ude42"
+    body = '{"name":"run_tests","arguments":{"code":"' + run + (pair + run) * 2 + '"}}'
+    assert len(body) == 32 + 9 + 16 + 2 * (12 + 16) + 3 == 116
+    eos = next(iter(rt.stop_ids))
+    return char_ids(rt, "b" * 16) + [rt.call_open_id, *char_ids(rt, body), rt.call_close_id, eos]
+
+
 def test_hard_bound_is_reached_by_the_longest_call_and_not_exceeded(rt):
     arg_bytes = argument_bytes(lcb_tools(CODE)["submit"].schema)
-    assert arg_bytes == len('{"code":""}') + CODE.run + CODE.escapes * (
-        12 + CODE.run
-    )  # \\uD83D\\uDE42: 12 bytes
+    assert arg_bytes == len('{"code":""}') + CODE.run + CODE.escapes * (12 + CODE.run)  # \\uD83D\\uDE42
     assert CODE.max_chars == 16 + 2 * 17
-    bound = rt.grammars.get(lcb_tools(CODE)).token_bound
+    grammar = rt.grammars.get(lcb_tools(CODE))
+    longest = longest_lcb_generation(rt)
+    # The bound is the longest generation plus the free text's UTF-8 margin, and no more.
+    assert len(longest) == 16 + 1 + 116 + 1 + 1 == 135
+    assert grammar.token_bound == len(longest) + 3 < RUNTIME.max_generation_tokens
+    # The engine, pushed along the longest generation, produces exactly it: every token of it
+    # is legal, so the bound is reached.
+    (gen,) = rt.engine.generate(
+        [GenerationRequest(prompt(rt, lcb_tools(CODE)), grammar, 512, 0, scripted(rt, longest))]
+    )
+    assert (gen.token_ids, gen.finish_reason) == (longest, "stop")
+    call, error = parse_call(gen.token_ids, rt.decode, rt.call_open_id, rt.call_close_id)
+    assert error is None and len(call["arguments"]["code"]) == CODE.max_chars
+    # One token more in any bounded region, and the grammar takes another token instead.
+    open_at = longest.index(rt.call_open_id)
+    code_at = open_at + 1 + len('{"name":"run_tests","arguments":{"code":"')
+    a, pair = char_ids(rt, "a"), char_ids(rt, "\\ud83d\\ude42")
+    longer = {
+        "text": longest[:open_at] + char_ids(rt, "b") + longest[open_at:],
+        "run": longest[:code_at] + a + longest[code_at:],
+        "escape": longest[: code_at + 16] + pair + longest[code_at + 16 :],
+    }
+    # the 17th free-text token; the 17th character of a run; the backslash of a third escape
+    refused = {"text": open_at, "run": code_at + 16, "escape": code_at + 16 + 2 * 12 + 16}
+    for region, script in longer.items():
+        (gen,) = rt.engine.generate(
+            [GenerationRequest(prompt(rt, lcb_tools(CODE)), grammar, 512, 0, scripted(rt, script))]
+        )
+        assert gen.finish_reason == "stop" and len(gen.token_ids) <= grammar.token_bound, region
+        refused_at = next(
+            (i for i, (x, y) in enumerate(zip(gen.token_ids, script, strict=False)) if x != y), None
+        )
+        assert refused_at == refused[region], (region, refused_at)
     with pytest.raises(
         ValueError, match=r"max_generation_tokens \(64\) must exceed the grammar's hard bound"
     ):
         load_runtime_like = type(rt.grammars)(rt.tokenizer, rt.engine.vocab_size, sorted(rt.stop_ids), 16, 64)
         load_runtime_like.get(lcb_tools(CODE))
-    assert bound < RUNTIME.max_generation_tokens
 
 
 def naive_grammar(rt, tools) -> CompiledCall:
@@ -318,7 +435,10 @@ def test_runtime_bounds_are_checked_from_the_config_alone():
     from atlas.config import ConfigError
 
     bound = check_runtime_bounds(RUNTIME)
-    assert bound == max(token_bound(t, RUNTIME.max_text_tokens) for t in (gpqa_tools(CODE), lcb_tools(CODE)))
+    # By hand: the longest LCB generation (135 tokens, see longest_lcb_generation) plus the free
+    # text's 3-token UTF-8 margin; the longest GPQA one (a python call) is 3 tokens shorter.
+    assert bound == 135 + 3
+    assert token_bound(gpqa_tools(CODE), RUNTIME.max_text_tokens) == bound - len("run_tests") + len("python")
     at_bound = RUNTIME.model_copy(update={"max_generation_tokens": bound})
     with pytest.raises(
         ConfigError,

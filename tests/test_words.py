@@ -57,7 +57,9 @@ def test_the_patterns_catch_diary_lines_and_spare_product_lines():
         "crashes with AttributeError (verl issue #4620)",
         "a silently dropped bound",
     ]
+
     def flagged(line):
         return any(re.search(p, line, re.IGNORECASE) for p in DIARY.values())
+
     assert all(flagged(line) for line in diary)
     assert not any(flagged(line) for line in product)

@@ -429,10 +429,25 @@ class GraderConfig(_Strict):
         default=1 << 16, ge=1024, description="Stdout / stderr kept per run; the rest is dropped."
     )
     workers: int = Field(default=2, ge=1, description="Programs graded at once (bounded pool).")
+    max_processes: int = Field(
+        default=32,
+        ge=2,
+        description="Processes and threads a program may run at once in its sandbox (RLIMIT_NPROC).",
+    )
+    scratch_mb: int = Field(
+        default=64, ge=1, description="Size of a program's private scratch folder (its /tmp tmpfs)."
+    )
+    sandbox_uid_base: int = Field(
+        default=1_900_000_000,
+        ge=1000,
+        le=4_000_000_000,
+        description="First host uid of the sandboxes when the grader runs as root: each sandbox "
+        "runs as this plus its grading thread's id, a uid nothing else on the machine uses.",
+    )
     require_network_isolation: bool = Field(
         default=False,
-        description="Refuse to run programs when `unshare -n` is not permitted, instead of recording "
-        "sandboxed: false.",
+        description="Refuse to run programs when the bubblewrap sandbox cannot start here, instead "
+        "of recording sandboxed: false.",
     )
 
 

@@ -8,8 +8,9 @@
   The value travels back as JSON, so tuples compare as lists (at any depth).
 
 Like lcb_runner, the program is run after lcb_runner's import prefix (`from typing import *`,
-`import collections, math, heapq, ...`, a recursion limit of 50000), each test in a fresh child,
-tests in order, stopping at the first failure. Bounds: `test_timeout_s` per test, and
+`import collections, math, heapq, ...`, a recursion limit of 50000), tests in order, stopping at
+the first failure. One sandbox per program: its driver starts once and runs each test in a child
+(sandbox.py, driver.py); test inputs go in one at a time and expected outputs never do. Bounds: `test_timeout_s` per test, and
 `program_timeout_s` for all tests of the program together; a test the shrinking budget cuts short
 counts as a program timeout, and tests it leaves no time for are skipped.
 """
@@ -27,57 +28,10 @@ from decimal import Decimal, InvalidOperation
 
 from atlas.config import GraderConfig
 from atlas.data.schema import TestCase
-from atlas.graders.sandbox import RunResult, SandboxLimits, run_program
+from atlas.graders.sandbox import RunResult, Sandbox, SandboxLimits
 
-SOLUTION_FILE = "solution.py"
 DETAIL_CHARS = 240  # longest TestOutcome.detail
 EXCERPT_CHARS = 60  # longest expected / got excerpt inside a detail
-RESULT_MARK = "@@atlas-result@@ "  # starts the driver's last stdout line, which holds the JSON result
-
-# lcb_runner's `import_string` (lcb_runner/evaluation/testing_util.py), run before the program.
-IMPORTS = (
-    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
-    "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\n"
-    "from random import *\nfrom statistics import *\nfrom itertools import *\nfrom functools import *\n"
-    "from operator import *\nfrom io import *\nfrom sys import *\nfrom json import *\n"
-    "from builtins import *\nfrom typing import *\nimport string\nimport re\nimport datetime\n"
-    "import collections\nimport heapq\nimport bisect\nimport copy\nimport math\nimport random\n"
-    "import statistics\nimport itertools\nimport functools\nimport operator\nimport io\nimport sys\n"
-    "import json\nsys.setrecursionlimit(50000)\n"
-)
-
-# The driver programs. The prefix and the program are compiled apart, so tracebacks give the
-# program's own line numbers in solution.py.
-STDIN_DRIVER = f"""\
-_namespace = {{"__name__": "__main__"}}
-exec({IMPORTS!r}, _namespace)
-with open({SOLUTION_FILE!r}, encoding="utf-8") as _f:
-    _code = compile(_f.read(), {SOLUTION_FILE!r}, "exec")
-exec(_code, _namespace)
-"""
-
-# argv[1] is the method name; stdin holds one JSON argument per line, read before the program runs.
-FUNCTIONAL_DRIVER = f"""\
-import json, sys
-_args = [json.loads(line) for line in sys.stdin.read().split("\\n") if line.strip()]
-_namespace = {{"__name__": "solution"}}
-exec({IMPORTS!r}, _namespace)
-with open({SOLUTION_FILE!r}, encoding="utf-8") as _f:
-    _code = compile(_f.read(), {SOLUTION_FILE!r}, "exec")
-exec(_code, _namespace)
-if "Solution" not in _namespace:
-    sys.exit("the program defines no class Solution")
-_method = getattr(_namespace["Solution"](), sys.argv[1], None)
-if not callable(_method):
-    sys.exit(f"class Solution has no method {{sys.argv[1]}}")
-_result = _method(*_args)
-try:
-    _payload = json.dumps(_result)
-except (TypeError, ValueError) as _err:
-    sys.exit(f"the return value ({{type(_result).__name__}}) is not JSON-serialisable: {{_err}}")
-sys.stdout.flush()
-sys.stdout.write("\\n" + {RESULT_MARK!r} + _payload + "\\n")
-"""
 
 
 @dataclass(frozen=True)
@@ -100,7 +54,7 @@ class Verdict:
     tests: list[TestOutcome]
     status: str  # "passed" | "failed" (wrong answer) | "timeout" | "error" | "program_timeout"
     wall_s: float
-    sandboxed: bool  # every test ran without network (see sandbox.py)
+    sandboxed: bool  # every test ran inside bubblewrap (see sandbox.py)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -148,19 +102,13 @@ def compare_stdout(got: str, expected: str) -> str | None:
     return None
 
 
-def compare_functional(stdout: str, expected: str) -> str | None:
-    """None when the driver's result line equals the JSON `expected` value, else what differs."""
-    results = [line for line in stdout.split("\n") if line.startswith(RESULT_MARK)]
-    if not results:
+def compare_functional(value: str | None, expected: str) -> str | None:
+    """None when the returned value (JSON text, from the driver) equals the JSON `expected`."""
+    if value is None:
         return "no return value (the program exited before the method returned)"
-    payload = results[-1][len(RESULT_MARK) :]
-    try:
-        got = json.loads(payload)
-    except json.JSONDecodeError:  # the program printed a line that mimics the driver's, after it
-        return f"unreadable return value {_clip(payload, EXCERPT_CHARS)!r}"
-    if got == json.loads(expected):
+    if json.loads(value) == json.loads(expected):
         return None
-    return f"expected {_clip(expected.strip(), EXCERPT_CHARS)!r} got {_clip(payload, EXCERPT_CHARS)!r}"
+    return f"expected {_clip(expected.strip(), EXCERPT_CHARS)!r} got {_clip(value, EXCERPT_CHARS)!r}"
 
 
 def _failure_detail(run: RunResult) -> str:
@@ -184,15 +132,10 @@ def _failure_detail(run: RunResult) -> str:
     return f"{head}; {tail_text}"
 
 
-def _run_test(code: str, test: TestCase, func_name: str | None, limits: SandboxLimits) -> RunResult:
-    # Room for any correct output, however small max_output_bytes is: a correct answer is never cut.
-    room = 2 * len(test.output.encode("utf-8")) + 4096
-    limits = dataclasses.replace(limits, max_output_bytes=max(limits.max_output_bytes, room))
-    if test.testtype == "functional":
-        return run_program(
-            FUNCTIONAL_DRIVER, test.input, limits=limits, argv_extra=[func_name], files={SOLUTION_FILE: code}
-        )
-    return run_program(STDIN_DRIVER, test.input, limits=limits, files={SOLUTION_FILE: code})
+def _keep_bytes(test: TestCase, limits: SandboxLimits) -> int:
+    # Room for any correct output, however small max_output_bytes is: a correct answer is never
+    # cut. Applied outside the sandbox, which never learns how long the expected output is.
+    return max(limits.max_output_bytes, 2 * len(test.output.encode("utf-8")) + 4096)
 
 
 def _outcome(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
@@ -203,7 +146,7 @@ def _outcome(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
     if run.stdout_truncated:
         return TestOutcome("wrong_answer", run.wall_s, f"output longer than {len(run.stdout)} bytes")
     if test.testtype == "functional":
-        difference = compare_functional(run.stdout, test.output)
+        difference = compare_functional(run.value, test.output)
     else:
         difference = compare_stdout(run.stdout, test.output)
     if difference is None:
@@ -237,29 +180,41 @@ def grade_code(
     outcomes: list[TestOutcome] = []
     verdict_of_test: list[str] = []  # what each test means for the whole program
     skip: tuple[str, str] | None = None  # once set: (what a skipped test means, why it is skipped)
+    limits = SandboxLimits.from_config(cfg)
+    mode = tests[0].testtype
+    box: Sandbox | None = None
     sandboxed = True
-    for test in tests:
-        remaining = cfg.program_timeout_s - (time.monotonic() - start)
-        if skip is None and remaining <= 0:
-            skip = ("program_timeout", f"not run: {budget_note}")
-        if skip is not None:
-            outcomes.append(TestOutcome("skipped", 0.0, skip[1]))
-            verdict_of_test.append(skip[0])
-            continue
-        timeout = min(cfg.test_timeout_s, remaining)
-        run = _run_test(code, test, func_name, SandboxLimits.from_config(cfg, timeout_s=timeout))
-        sandboxed = sandboxed and run.sandboxed
-        outcome = _outcome(run, test, cfg.test_timeout_s)  # the configured bound, not the remainder
-        if outcome.status == "timeout" and timeout < cfg.test_timeout_s:
-            # Cut short by the program's budget, not by its own bound.
-            outcome = dataclasses.replace(outcome, detail=f"cut short: {budget_note}")
-            verdict_of_test.append("program_timeout")
-            skip = ("program_timeout", f"not run: {budget_note}")
-        else:
-            verdict_of_test.append(VERDICT_OF[outcome.status])
-            if outcome.status != "passed" and stop_at_first_failure:
-                skip = ("skipped", "not run: an earlier test failed")
-        outcomes.append(outcome)
+    try:
+        for test in tests:
+            remaining = cfg.program_timeout_s - (time.monotonic() - start)
+            if skip is None and remaining <= 0:
+                skip = ("program_timeout", f"not run: {budget_note}")
+            if skip is not None:
+                outcomes.append(TestOutcome("skipped", 0.0, skip[1]))
+                verdict_of_test.append(skip[0])
+                continue
+            if box is None or not box.alive:  # a program can end its sandbox: the next test gets a new one
+                if box is not None:
+                    box.close()
+                box = Sandbox(code, mode=mode, limits=limits, func_name=func_name)
+                sandboxed = sandboxed and box.sandboxed
+            remaining = cfg.program_timeout_s - (time.monotonic() - start)
+            timeout = max(0.0, min(cfg.test_timeout_s, remaining))
+            run = box.run(test.input, timeout_s=timeout, keep_bytes=_keep_bytes(test, limits))
+            outcome = _outcome(run, test, cfg.test_timeout_s)  # the configured bound, not the remainder
+            if outcome.status == "timeout" and timeout < cfg.test_timeout_s:
+                # Cut short by the program's budget, not by its own bound.
+                outcome = dataclasses.replace(outcome, detail=f"cut short: {budget_note}")
+                verdict_of_test.append("program_timeout")
+                skip = ("program_timeout", f"not run: {budget_note}")
+            else:
+                verdict_of_test.append(VERDICT_OF[outcome.status])
+                if outcome.status != "passed" and stop_at_first_failure:
+                    skip = ("skipped", "not run: an earlier test failed")
+            outcomes.append(outcome)
+    finally:
+        if box is not None:
+            box.close()
 
     passed = sum(o.status == "passed" for o in outcomes)
     status = next((v for v in verdict_of_test if v != "passed"), "passed")

@@ -1,102 +1,98 @@
-"""Run one untrusted Python program and report what it did, without letting it hurt the caller.
+"""Run untrusted Python programs in a bubblewrap sandbox, one sandbox per program.
 
-Every run is a fresh `python -s -P` (this interpreter; isolated mode but for the environment, which
-is scrubbed instead, so PYTHONHASHSEED holds) in a fresh scratch directory,
-started as
+A program's sandbox is a `bwrap` with every namespace of its own and a small driver inside
+(driver.py) that runs the program once per test, each time in a child forked from the driver.
+The sandbox holds:
 
-    prlimit --as --cpu --fsize --nofile --core=0 -- unshare --net --pid --fork --kill-child -- python -s -P main.py
+- a new user namespace with an unprivileged uid, every capability dropped, no_new_privs (bwrap sets
+  it), and no further user namespaces (`--disable-userns`);
+- new PID, network, IPC, UTS and cgroup namespaces: the program sees its own processes only,
+  a network of its own with nothing in it (the host's loopback and sockets are out of reach), and
+  a fresh `/proc`; a minimal read-only `/dev`; no `/sys`;
+- a read-only root with `/usr` and the interpreter's prefix, with every `site-packages` and
+  `dist-packages` folder, the grader's virtual environment and its working directory covered by
+  empty read-only folders: no project, no workflow, no host `/tmp`, `/dev/shm` or `/run`;
+- a private tmpfs at `/tmp` (the working directory and HOME) of `scratch_mb` bytes: gone with the
+  sandbox, so nothing is left on the host.
 
-in its own session and process group, with a scrubbed environment (PATH, LANG, PYTHONHASHSEED and
-HOME = TMPDIR = the scratch directory). What each part buys:
+The host uid matters: started as root, bwrap would map the sandbox's user to host root, and the
+kernel checks `/proc/sys` against that. As root, the grader therefore starts bwrap as an
+unprivileged uid of its own, `sandbox_uid_base` + the grading thread's id (unique while the thread
+lives, so two programs never share a uid and RLIMIT_NPROC counts one sandbox). Since that uid
+cannot reach an interpreter under a private home (pyenv's /root/.pyenv), a first bwrap, still root,
+makes a private mount namespace where the interpreter's prefix is bound at /tmp/atlas-python, then
+`setpriv` drops to the uid and runs the sandbox's bwrap there; that first bwrap has a PID
+namespace of its own, so everything below it dies with its init.
 
-- `prlimit` sets the resource limits in the child before anything of the program runs. It replaces
-  a `preexec_fn`, which Python documents as unsafe in a threaded parent (the child can deadlock
-  between fork and exec), and graders run from a thread pool.
-- `unshare --net` gives the program a network namespace with nothing but a downed loopback: no
-  connection leaves it, not even to localhost.
-- `unshare --pid --fork --kill-child` makes the program PID 1 of its own PID namespace. When it
-  exits or is killed, the kernel kills and reaps every process it left behind, including ones that
-  called setsid() to leave the process group. A quirk: signals the program sends itself with a
-  default action are ignored, as for any init process.
-- At the wall-clock timeout the group is frozen (SIGSTOP: a fork bomb stops growing), the
-  namespace's init is killed (the kernel kills and reaps everything inside; its parent `unshare`
-  reaps it, so no zombie is handed to the system's init), then `killpg` SIGKILL and `wait()`.
-- stdout and stderr are read as they arrive and kept up to `max_output_bytes` each; the rest is
-  read and dropped, so a program printing gigabytes costs no memory here.
+Bounds: the driver kills a test at its time bound and the grader waits HOST_GRACE_S more before it
+kills the whole sandbox; per test RLIMIT_AS / CPU / FSIZE / NOFILE; per sandbox RLIMIT_NPROC and the
+scratch size. `--die-with-parent` chains every process to the grading thread: a grader killed with
+SIGKILL or SIGTERM takes its sandboxes with it. Expected outputs never enter the sandbox.
 
-Where `unshare` is not permitted the program runs without the namespaces, `sandboxed=False` is
-recorded, and leftovers are killed by process group alone (a setsid() escapee survives); with
-`require_network_isolation` the run is refused instead.
-
-- `unshare --mount` (where it works; probed once): before the program starts, a small shell
-  script binds the scratch directory, covers the grader's working directory (the workflow, whose
-  results/ hold correct letters and private tests) with an empty read-only tmpfs, and remounts
-  every other mount read-only. A write outside the scratch directory fails with EROFS. The
-  interpreter is run by its real path, since a venv link to it may sit in the hidden folder.
-
-What is NOT contained: the program still runs as our user (root here) inside those namespaces,
-so it can read files outside the hidden folder (read-only), and /proc, /sys and /dev stay as
-they are. RLIMIT_NPROC is not set: root ignores it, and for other users it counts every task of
-the user (the grader's own threads included), so a limit low enough to stop a fork bomb would
-break ordinary runs on a busy host. A fork bomb is therefore bounded only by the timeout, and
-killed whole.
+Where bwrap cannot start (no user namespaces), programs run under the same driver without it, and
+every result says `sandboxed=False`; with `require_network_isolation` the run is refused instead.
+Those runs use a host scratch folder named after the grader's pid; the next grader sweeps the
+folders of graders that are gone.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import selectors
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from atlas.graders import driver
 
 if TYPE_CHECKING:
     from atlas.config import GraderConfig
 
-PROGRAM_FILE = "main.py"
 SCRATCH_PREFIX = "atlas-sandbox-"
-# Isolated mode without -E: `-I` would also ignore PYTHONHASHSEED, and string hashing (so set and
-# dict order, so tool output, so trajectories) would differ between identical runs. The
-# environment is scrubbed instead; -s drops user site-packages, -P the script dir from sys.path.
-PYTHON_FLAGS = ("-s", "-P")
-# The interpreter itself, not a venv's link to it: the link may sit in a folder the run hides.
-# Programs need only the standard library.
+DRIVER_SOURCE = Path(driver.__file__).read_text(encoding="utf-8")
+# -S: no site module, so no site-packages and no .pth file runs (the driver defines exit() and
+# quit(), which site would); -P: no script folder on sys.path. Not -E or -I: PYTHONHASHSEED must
+# hold, so that set order (so tool output, so trajectories) is the same in identical runs. bwrap
+# clears the environment instead.
+PYTHON_FLAGS = ("-S", "-P")
 PYTHON = os.path.realpath(sys.executable)
-# Namespaces a run tries, in order: as root the plain ones; as another user, inside a user
-# namespace that maps the caller to root (where unprivileged user namespaces are enabled).
-ISOLATION_FLAGS = (
-    ("--net", "--pid", "--fork", "--kill-child"),
-    ("--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"),
-)
-# util-linux before 2.39: when the program dies of SIGKILL (CPU limit, our timeout), `unshare --fork`
-# fails to re-raise it (SIGKILL's handler cannot be reset) and exits 1 with this line instead.
-UNSHARE_SIGKILL_LINE = b"unshare: sigprocmask unblock failed: Invalid argument\n"
-POLL_S = 0.05  # how often a run whose pipes stay open checks whether its main process has exited
-KILL_GRACE_S = 5.0  # how long killed processes may take to die before the run is a hard error
+PREFIX = os.path.realpath(sys.base_prefix)
+STAGE_PYTHON = "/tmp/atlas-python"  # where the root stage binds the prefix for the sandbox's uid
+SANDBOX_UID = 65534  # the program's uid and gid as it sees them
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+START_TIMEOUT_S = 10.0  # a sandbox that has not started by then is an error
+HOST_GRACE_S = 0.3  # past a test's bound, the driver's own kill has had this long to report
+KILL_GRACE_S = 5.0
 READ_CHUNK = 1 << 16
 
 
 class SandboxUnavailable(RuntimeError):
-    """The sandbox cannot run here as configured (no `unshare` permission, no `prlimit`)."""
+    """The sandbox cannot run here as configured."""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Bounds of one program run."""
+    """Bounds of one program's runs."""
 
-    timeout_s: float  # wall clock of this one run
-    memory_mb: int  # RLIMIT_AS
-    cpu_s: int  # RLIMIT_CPU
-    file_size_mb: int  # RLIMIT_FSIZE
-    open_files: int  # RLIMIT_NOFILE
+    timeout_s: float  # wall clock of one run
+    memory_mb: int  # RLIMIT_AS of a run
+    cpu_s: int  # RLIMIT_CPU of a run
+    file_size_mb: int  # RLIMIT_FSIZE of a run
+    open_files: int  # RLIMIT_NOFILE of a run
     max_output_bytes: int  # stdout and stderr each kept up to this many bytes
+    max_processes: int = 32  # processes and threads at once in one sandbox (RLIMIT_NPROC)
+    scratch_mb: int = 64  # size of the sandbox's /tmp
+    uid_base: int = 1_900_000_000  # host uids of sandboxes start here (when the grader is root)
     require_network_isolation: bool = False
 
     @classmethod
@@ -109,358 +105,498 @@ class SandboxLimits:
             file_size_mb=cfg.file_size_mb,
             open_files=cfg.open_files,
             max_output_bytes=cfg.max_output_bytes,
+            max_processes=cfg.max_processes,
+            scratch_mb=cfg.scratch_mb,
+            uid_base=cfg.sandbox_uid_base,
             require_network_isolation=cfg.require_network_isolation,
         )
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """What one program run did."""
+    """What one run of a program did."""
 
-    status: str  # "ok" (exit 0) | "error" (non-zero exit, or killed other than by our timeout) | "timeout"
+    status: str  # "ok" (exit 0) | "error" (non-zero exit, killed other than by the bound) | "timeout"
     returncode: int | None  # None on timeout; -N when killed by signal N
-    stdout: str  # decoded UTF-8 (errors replaced), at most max_output_bytes of it
+    stdout: str  # decoded UTF-8 (errors replaced), at most the bytes kept
     stderr: str
     stdout_truncated: bool
     stderr_truncated: bool
     wall_s: float
-    sandboxed: bool  # True when the program ran in its own network and PID namespaces
-    pgid: int | None = None  # process group (and session) of the run; no live process is left in it
+    sandboxed: bool  # True when the run was inside bubblewrap
+    value: str | None = None  # functional runs: JSON text of the value the method returned
 
 
-@functools.cache
-def _isolation_prefix() -> tuple[str, ...] | None:
-    """The `unshare ... --` command prefix that works here, or None. Probed once per process."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return None
-    for flags in ISOLATION_FLAGS:
-        probe = subprocess.run([unshare, *flags, "--", "true"], capture_output=True, timeout=30)
-        if probe.returncode == 0:
-            return (unshare, *flags, "--")
-    return None
+# --- what the sandbox sees -----------------------------------------------------------------------
 
 
-# Run inside the namespaces, before the program: everything the program could write outside its
-# scratch directory becomes read-only, and the grader's working directory (the workflow, with
-# results/: answers and private tests) is covered by an empty read-only tmpfs. $1 = scratch,
-# then the folders to hide, then "--" and the program's command.
-FS_SCRIPT = r"""
-scratch="$1"; shift
-mount --bind "$scratch" "$scratch" || exit 97
-while [ "$1" != "--" ]; do mount -t tmpfs -o size=4k,mode=0555,ro atlas-hidden "$1" || exit 97; shift; done
-shift
-for m in $(cut -d' ' -f2 /proc/self/mounts); do
-  case "$m" in "$scratch"|/proc|/proc/*|/sys|/sys/*|/dev|/dev/*) ;; *) mount -o remount,bind,ro "$m" 2>/dev/null ;; esac
-done
-mount -o remount,bind,ro / || exit 97
-cd "$scratch" && unset PWD OLDPWD && exec "$@"
-"""
-FS_SETUP_FAILED = 97
+def _inside(path: str, tree: str) -> bool:
+    return os.path.commonpath([path, tree]) == tree
 
 
-@functools.cache
-def _fs_isolation() -> bool:
-    """Whether a mount namespace with a read-only root works here (probed once per process)."""
-    prefix = _isolation_prefix()
-    if prefix is None:
-        return False
-    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX) as scratch:
-        probe = subprocess.run(
-            [prefix[0], "--mount", *prefix[1:], "/bin/sh", "-c", FS_SCRIPT, "sh", scratch, "--", "true"],
-            capture_output=True,
-            timeout=30,
-        )
-    return probe.returncode == 0
+def _hidden(trees: list[str]) -> list[str]:
+    """Folders inside the bound trees that a program must not see: installed packages, the grader's
+    virtual environment, its working directory (the workflow) and this package."""
+    candidates = {
+        sysconfig.get_path("purelib", vars={"base": PREFIX}),
+        sysconfig.get_path("platlib", vars={"platbase": PREFIX}),
+        os.path.realpath(sys.prefix),
+        os.path.realpath(os.getcwd()),
+        str(Path(__file__).resolve().parents[2]),
+    }
+    for root in ("/usr/lib", "/usr/local/lib"):
+        if os.path.isdir(root):
+            for name in os.listdir(root):
+                if name.startswith("python"):
+                    candidates |= {f"{root}/{name}/dist-packages", f"{root}/{name}/site-packages"}
+    stdlib = os.path.realpath(sysconfig.get_path("stdlib", vars={"installed_base": PREFIX}))
+    hidden = []
+    for path in sorted({os.path.realpath(c) for c in candidates}):
+        visible = os.path.isdir(path) and any(_inside(path, tree) for tree in trees)
+        # A folder holding the interpreter or its standard library stays (the cwd may be "/").
+        if visible and not _inside(PYTHON, path) and not _inside(stdlib, path):
+            hidden.append(path)
+    return hidden
 
 
-def _hidden_folders(scratch: str) -> list[str]:
-    """The grader's working directory, unless hiding it would hide the scratch or the interpreter."""
-    cwd = os.path.realpath(os.getcwd())
-    inside = lambda path: os.path.commonpath([cwd, os.path.realpath(path)]) == cwd  # noqa: E731
-    if cwd == "/" or inside(scratch) or inside(PYTHON) or inside(sys.base_prefix):
-        return []
-    return [cwd]
+def _root_binds(prefix_source: str) -> list[str]:
+    """bwrap arguments for the read-only root: /usr, the top-level links into it, the prefix."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64"):
+        path = f"/{top}"
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    trees = ["/usr"]
+    if not _inside(PREFIX, "/usr"):
+        args += ["--ro-bind", prefix_source, PREFIX]
+        trees.append(PREFIX)
+    for path in _hidden(trees):
+        args += ["--tmpfs", path, "--remount-ro", path]
+    return args
 
 
-def network_isolation_available() -> bool:
-    """Whether programs can run without network (and in their own PID namespace) here."""
-    return _isolation_prefix() is not None
-
-
-@functools.cache
-def _prlimit() -> str:
-    path = shutil.which("prlimit")
-    if path is None:
-        raise SandboxUnavailable("prlimit (util-linux) is not on PATH; it sets each program's rlimits")
-    return path
-
-
-def _rlimit_prefix(limits: SandboxLimits) -> list[str]:
-    mb = 1 << 20
-    return [
-        _prlimit(),
-        f"--as={limits.memory_mb * mb}",
-        f"--cpu={limits.cpu_s}",
-        f"--fsize={limits.file_size_mb * mb}",
-        f"--nofile={limits.open_files}",
-        "--core=0",
+def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str]) -> list[str]:
+    """The whole command line of one program's sandbox."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable("bwrap (Debian package bubblewrap) is not on PATH")
+    as_root = os.geteuid() == 0
+    inner = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        *_root_binds(STAGE_PYTHON if as_root else PREFIX),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--remount-ro",
+        "/dev",
+        "--size",
+        str(limits.scratch_mb << 20),
+        "--tmpfs",
+        "/tmp",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
+        "--clearenv",
+        *[
+            arg
+            for key, value in {**ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}.items()
+            for arg in ("--setenv", key, value)
+        ],
         "--",
+        *driver_args,
     ]
+    info = ["--info-fd", str(info_fd)]  # the host pid of the outermost PID namespace's init
+    if not as_root:
+        return [inner[0], *info, *inner[1:]]
+    uid = limits.uid_base + threading.get_native_id()
+    # The root stage has a PID namespace of its own: its init dies with the grading thread
+    # (--die-with-parent), and the kernel then kills everything below, the unprivileged bwrap
+    # (whose parent-death signal the uid change cleared) included.
+    stage = [bwrap, *info, "--unshare-pid", "--dev-bind", "/", "/", "--tmpfs", "/tmp"]
+    stage += ["--ro-bind", PREFIX, STAGE_PYTHON]
+    drop = [
+        shutil.which("setpriv") or "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--pdeathsig=SIGKILL",
+    ]
+    return [*stage, "--die-with-parent", "--", *drop, "--", *inner]
 
 
-def _write_files(scratch: str, code: str, files: dict[str, str] | None) -> None:
-    for name, text in (files or {}).items():
-        if name == PROGRAM_FILE or os.path.basename(name) != name or name in ("", ".", ".."):
-            raise ValueError(
-                f"extra file name {name!r}: expected a plain file name other than {PROGRAM_FILE}"
-            )
-        with open(os.path.join(scratch, name), "w", encoding="utf-8") as f:
-            f.write(text)
-    with open(os.path.join(scratch, PROGRAM_FILE), "w", encoding="utf-8") as f:
-        f.write(code)
+# --- scratch folders of unsandboxed runs ---------------------------------------------------------
+
+
+def scratch_prefix(owner: int | None = None) -> str:
+    """Names of the scratch folders of unsandboxed runs by process `owner` (default: this one)."""
+    return f"{SCRATCH_PREFIX}{os.getpid() if owner is None else owner}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_scratch(root: str | None = None) -> list[str]:
+    """Remove the scratch folders whose grader process is gone; returns what was removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(root):
+        owner = name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        if name.startswith(SCRATCH_PREFIX) and owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+@functools.cache
+def _swept() -> None:
+    sweep_stale_scratch()
+
+
+# --- one program's sandbox -----------------------------------------------------------------------
+
+
+class _Frames:
+    """Frames from the driver's reply pipe, read under a deadline."""
+
+    def __init__(self, fd: int, stderr_fd: int):
+        self.fd, self.buffer = fd, bytearray()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(fd, selectors.EVENT_READ)
+        self.selector.register(stderr_fd, selectors.EVENT_READ)
+        self.stderr_fd, self.stderr = stderr_fd, bytearray()
+        self.closed = False
+
+    def next(self, deadline: float) -> tuple[bytes, bytes] | None:
+        """The next frame, or None when the driver is gone or the deadline passed."""
+        size = driver.HEADER.size
+        while True:
+            if len(self.buffer) >= size:
+                kind, length = driver.HEADER.unpack(self.buffer[:size])
+                if len(self.buffer) >= size + length:
+                    payload = bytes(self.buffer[size : size + length])
+                    del self.buffer[: size + length]
+                    return kind, payload
+            now = time.monotonic()
+            if self.closed or now >= deadline:
+                return None
+            for key, _ in self.selector.select(deadline - now):
+                data = os.read(key.fd, READ_CHUNK)
+                if key.fd == self.stderr_fd:
+                    self.stderr += data[: max(0, 4096 - len(self.stderr))]
+                    if not data:
+                        self.selector.unregister(self.stderr_fd)
+                elif data:
+                    self.buffer += data
+                else:
+                    self.closed = True
 
 
 class _Capped:
     """The first `limit` bytes of a stream; the rest is counted as truncation and dropped."""
 
     def __init__(self, limit: int):
-        self.limit = limit
-        self.kept = bytearray()
-        self.truncated = False
+        self.limit, self.kept, self.truncated = limit, bytearray(), False
 
     def add(self, data: bytes) -> None:
         room = self.limit - len(self.kept)
         if room > 0:
             self.kept += data[:room]
-        if len(data) > room:
-            self.truncated = True
+        self.truncated |= len(data) > room
 
     def text(self) -> str:
         return self.kept.decode("utf-8", errors="replace")
 
 
-def _read_until(proc: subprocess.Popen, deadline: float, out: _Capped, err: _Capped) -> None:
-    """Drain stdout and stderr into `out` and `err` until both close or the deadline passes.
+class Sandbox:
+    """One program's sandbox: its driver starts once, then runs one test at a time.
 
-    A pipe stays open while anything holds it; in an unsandboxed run a leftover background process
-    can, so once the main process has exited its group is killed to let the pipes close."""
-    sinks = {proc.stdout: out, proc.stderr: err}
-    with selectors.DefaultSelector() as selector:
-        for stream in sinks:
-            selector.register(stream, selectors.EVENT_READ)
-        while selector.get_map():
-            now = time.monotonic()
-            if now >= deadline:
-                return
-            for key, _ in selector.select(timeout=min(deadline - now, POLL_S)):
-                data = os.read(key.fd, READ_CHUNK)
-                if data:
-                    sinks[key.fileobj].add(data)
-                else:
-                    selector.unregister(key.fileobj)
-            if proc.poll() is not None:
-                _signal_group(proc.pid, signal.SIGKILL)
+    mode: "stdin" (an LCB program reading its input), "functional" (`Solution().func_name`), or
+    "script" (a plain program: the python tool). Use as a context manager; `close` kills whatever
+    is left and returns once every process of the sandbox is gone."""
 
+    def __init__(self, code: str, *, mode: str, limits: SandboxLimits, func_name: str | None = None):
+        _swept()
+        self.limits, self.mode = limits, mode
+        self.sandboxed = isolation_available()
+        if not self.sandboxed and limits.require_network_isolation:
+            raise SandboxUnavailable(
+                "graders.require_network_isolation is true, but bubblewrap cannot start here "
+                f"({_probe()[1]}); expected bwrap and user namespaces"
+            )
+        self._start(code, func_name)
 
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send `sig` to every process in the group; False when the group is already empty."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgrp) of a process from /proc, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = raw[raw.rindex(b")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
-    return fields[0].decode(), int(fields[1]), int(fields[2])
-
-
-def _processes() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def scratch_prefix(owner: int | None = None) -> str:
-    """Scratch directory names of the programs process `owner` (default: this one) runs; grading
-    threads share their process's pid, so a stage's programs all carry its own."""
-    return f"{SCRATCH_PREFIX}{os.getpid() if owner is None else owner}-"
-
-
-def sandboxed_processes(owner: int | None = None) -> list[int]:
-    """Live processes whose working directory is a sandbox scratch directory: of any run, or with
-    `owner` only of the programs that process started (other jobs may be grading beside it).
-
-    A program's command line is just `python ... main.py`; its working directory names the run."""
-    prefix = SCRATCH_PREFIX if owner is None else scratch_prefix(owner)
-    found = []
-    for pid in _processes():
+    def _start(self, code: str, func_name: str | None) -> None:
+        request_r, self.request = os.pipe()
+        self.reply, reply_w = os.pipe()
+        info_r, info_w = os.pipe()
+        driver_args = [PYTHON, *PYTHON_FLAGS, "-c", DRIVER_SOURCE, driver.MARK, str(request_r), str(reply_w)]
+        self.scratch = None
+        env = dict(ENV)
+        if self.sandboxed:
+            command = _bwrap_command(self.limits, info_w, [*driver_args, "1"])
+            cwd = "/"
+        else:
+            self.scratch = tempfile.mkdtemp(prefix=scratch_prefix())
+            command, cwd = [*driver_args, "0"], self.scratch
+            env.update(HOME=self.scratch, TMPDIR=self.scratch)
         try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue  # gone since the listing, or a kernel thread
-        state = _stat(pid)
-        if os.path.basename(cwd).startswith(prefix) and state is not None and state[0] != "Z":
-            found.append(pid)
-    return found
-
-
-def group_processes(pgid: int) -> dict[int, str]:
-    """pid -> state letter ("Z": a zombie) of every process in group `pgid`, from a scan of /proc."""
-    found = {}
-    for pid in _processes():
-        stat = _stat(pid)
-        if stat is not None and stat[2] == pgid:
-            found[pid] = stat[0]
-    return found
-
-
-def _child_of(parent: int) -> int | None:
-    """The child of `parent` (unshare has one: the namespace's init), or None once it is gone."""
-    # unshare forks right after it starts, so the child is nearly always the next pid.
-    for pid in (parent + 1, *_processes()):
-        stat = _stat(pid)
-        if stat is not None and stat[1] == parent:
-            return pid
-    return None
-
-
-def _end(proc: subprocess.Popen, isolated: bool) -> None:
-    """Kill whatever is left of a run and reap its child. Runs after every run, however it ended."""
-    if proc.poll() is None:
-        if isolated:
-            # Freeze the group (a fork bomb stops growing), then kill the namespace's init alone:
-            # the kernel kills and reaps everything inside, and unshare, woken, reaps init, so no
-            # orphan is handed to the system's init.
-            _signal_group(proc.pid, signal.SIGSTOP)
-            init = _child_of(proc.pid)
-            if init is not None:
-                try:
-                    os.kill(init, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass  # it died on its own (a CPU-limit kill) since the scan: the same outcome
-            os.kill(proc.pid, signal.SIGCONT)
-            try:
-                proc.wait(timeout=KILL_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass  # the group kill below takes unshare too
-        _signal_group(proc.pid, signal.SIGKILL)
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(
-                f"sandboxed process {proc.pid} survived SIGKILL for {KILL_GRACE_S} s"
-            ) from None
-    # Leftovers of an unsandboxed run die with their group (a sandboxed run has none left). Wait
-    # until none is alive, so no stray process outlives run_program. Their zombies are orphans: the
-    # system's init reaps them, in its own time.
-    give_up = time.monotonic() + KILL_GRACE_S
-    while _signal_group(proc.pid, signal.SIGKILL):
-        if set(group_processes(proc.pid).values()) <= {"Z"}:
-            break
-        if time.monotonic() > give_up:
-            raise RuntimeError(f"processes of group {proc.pid} survived SIGKILL for {KILL_GRACE_S} s")
-        time.sleep(0.01)
-    proc.stdout.close()
-    proc.stderr.close()
-
-
-def run_program(
-    code: str,
-    stdin: str = "",
-    *,
-    limits: SandboxLimits,
-    argv_extra: Sequence[str] = (),
-    files: dict[str, str] | None = None,
-) -> RunResult:
-    """Run `code` as a Python program with `stdin` as its input, inside the limits.
-
-    `files` are written next to the program (plain names only); `argv_extra` follows the program
-    file on its command line. Safe to call from many threads at once: runs share nothing."""
-    prefix = _isolation_prefix()
-    if prefix is None and limits.require_network_isolation:
-        raise SandboxUnavailable(
-            "graders.require_network_isolation is true, but `unshare --net --pid` is not permitted "
-            "here; expected root, or unprivileged user namespaces"
-        )
-    command_head = [*_rlimit_prefix(limits), *(prefix or ())]
-    fs_isolated = prefix is not None and _fs_isolation()
-    scratch = tempfile.mkdtemp(prefix=scratch_prefix())
-    if fs_isolated:
-        command_head = [
-            prefix[0],
-            "--mount",
-            *prefix[1:],
-            "/bin/sh",
-            "-c",
-            FS_SCRIPT,
-            "sh",
-            scratch,
-            *_hidden_folders(scratch),
-            "--",
-        ]
-        command_head = [*_rlimit_prefix(limits), *command_head]
-    try:
-        _write_files(scratch, code, files)
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "PYTHONHASHSEED": "0",
-            "HOME": scratch,
-            "TMPDIR": scratch,
-        }
-        out, err = _Capped(limits.max_output_bytes), _Capped(limits.max_output_bytes)
-        with tempfile.TemporaryFile(dir=scratch) as stdin_file:  # unlinked: the program never sees it
-            stdin_file.write(stdin.encode("utf-8"))
-            stdin_file.seek(0)
-            start = time.monotonic()
-            proc = subprocess.Popen(
-                [*command_head, PYTHON, *PYTHON_FLAGS, PROGRAM_FILE, *argv_extra],
-                stdin=stdin_file,
-                stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                cwd=scratch,
+                pass_fds=(request_r, reply_w, info_w),
+                cwd=cwd,
                 env=env,
                 start_new_session=True,
             )
-        deadline = start + limits.timeout_s
-        try:
-            _read_until(proc, deadline, out, err)
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
         finally:
-            _end(proc, isolated=prefix is not None)
-        wall_s = time.monotonic() - start
-    finally:
-        shutil.rmtree(scratch)
+            for fd in (request_r, reply_w, info_w):
+                os.close(fd)
+        self.info, self.init_pid = info_r, None
+        self.frames = _Frames(self.reply, self.proc.stderr.fileno())
+        setup = {
+            "code": code,
+            "mode": self.mode,
+            "func_name": func_name,
+            "filename": "main.py" if self.mode == "script" else "solution.py",
+            "memory_mb": self.limits.memory_mb,
+            "cpu_s": self.limits.cpu_s,
+            "file_size_mb": self.limits.file_size_mb,
+            "open_files": self.limits.open_files,
+            "max_output_bytes": self.limits.max_output_bytes,
+            "max_processes": self.limits.max_processes,
+        }
+        deadline = time.monotonic() + START_TIMEOUT_S
+        started = self._send(b"S", json.dumps(setup).encode("utf-8"), deadline)
+        frame = self.frames.next(deadline) if started else None
+        if frame is None or frame[0] != b"R":
+            why = self.frames.stderr.decode("utf-8", errors="replace").strip()
+            self.close()
+            raise SandboxUnavailable(f"the sandbox did not start: {why or 'no reply from its driver'}")
 
-    returncode = proc.returncode
-    if prefix is not None and returncode == 1 and err.kept.endswith(UNSHARE_SIGKILL_LINE):
-        returncode = -signal.SIGKILL
-        del err.kept[-len(UNSHARE_SIGKILL_LINE) :]
-    if timed_out:
-        status, returncode = "timeout", None
-    else:
-        status = "ok" if returncode == 0 else "error"
-    # The scratch path is random; a traceback naming it would make tool outputs, and so the
-    # trajectories that contain them, differ between identical runs. Programs see it as ".".
-    return RunResult(
-        status=status,
-        returncode=returncode,
-        stdout=out.text().replace(scratch, "."),
-        stderr=err.text().replace(scratch, "."),
-        stdout_truncated=out.truncated,
-        stderr_truncated=err.truncated,
-        wall_s=wall_s,
-        sandboxed=prefix is not None,
-        pgid=proc.pid,
-    )
+    def _send(self, kind: bytes, payload: bytes, deadline: float) -> bool:
+        data = memoryview(driver.HEADER.pack(kind, len(payload)) + payload)
+        os.set_blocking(self.request, False)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.request, selectors.EVENT_WRITE)
+            while data:
+                if time.monotonic() >= deadline or not selector.select(deadline - time.monotonic()):
+                    return False
+                try:
+                    data = data[os.write(self.request, data) :]
+                except BrokenPipeError:
+                    return False
+        return True
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None and not self.frames.closed
+
+    def run(self, stdin: str = "", *, timeout_s: float, keep_bytes: int) -> RunResult:
+        """One run of the program on `stdin` (a functional test: its JSON argument lines).
+
+        Keeps `keep_bytes` of stdout (the grader knows how much a comparison needs; the sandbox
+        never does). A sandbox that fails to answer in time is killed: see `alive`."""
+        start = time.monotonic()
+        deadline = start + timeout_s + HOST_GRACE_S
+        out = _Capped(keep_bytes)
+        test = json.dumps({"input": stdin, "timeout_s": timeout_s}).encode("utf-8")
+        done = None
+        if self._send(b"T", test, deadline):
+            while (frame := self.frames.next(deadline)) is not None:
+                if frame[0] == b"O":
+                    out.add(frame[1])
+                elif frame[0] == b"D":
+                    done = json.loads(frame[1])
+                    break
+        wall_s = time.monotonic() - start
+        if done is None:  # the driver hung or died (a program can kill it): end the sandbox
+            timed_out = wall_s >= timeout_s
+            self.close()
+            why = self.frames.stderr.decode("utf-8", errors="replace")
+            return RunResult(
+                "timeout" if timed_out else "error",
+                None if timed_out else -signal.SIGKILL,
+                out.text(),
+                why or "the sandbox ended before the run did",
+                out.truncated,
+                False,
+                wall_s,
+                self.sandboxed,
+            )
+        err = done["stderr"].encode("utf-8")
+        cap = self.limits.max_output_bytes
+        return RunResult(
+            status=done["status"],
+            returncode=done["returncode"],
+            stdout=out.text(),
+            stderr=err[:cap].decode("utf-8", errors="replace"),
+            stdout_truncated=out.truncated or done["stdout_truncated"],
+            stderr_truncated=done["stderr_truncated"] or len(err) > cap,
+            wall_s=wall_s,
+            sandboxed=self.sandboxed,
+            value=done["value"],
+        )
+
+    def _init_pid(self) -> int | None:
+        """The host pid of the sandbox's init (bwrap's --info-fd), once bwrap has written it."""
+        if self.init_pid is None and self.sandboxed:
+            os.set_blocking(self.info, False)
+            try:
+                data = os.read(self.info, 4096)
+                self.init_pid = json.loads(data)["child-pid"] if data else None
+            except (BlockingIOError, ValueError, KeyError):
+                pass
+        return self.init_pid
+
+    def close(self) -> None:
+        """Kill the sandbox and wait until every process of it is gone."""
+        if self.proc.poll() is None:
+            # Killing the PID namespace's init makes the kernel kill and reap everything inside;
+            # then the bwrap processes above it exit on their own, the first one last.
+            init = self._init_pid()
+            try:
+                if init is not None:
+                    os.kill(init, signal.SIGKILL)
+                else:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=KILL_GRACE_S)
+        if not self.sandboxed:
+            try:  # what an unsandboxed run left in its session
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for fd in (self.request, self.reply, self.info):
+            if fd is not None:
+                os.close(fd)
+        self.request = self.reply = self.info = None
+        self.frames.closed = True
+        self.proc.stderr.close()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --- availability --------------------------------------------------------------------------------
+
+_probe_lock = threading.Lock()
+
+
+@functools.cache
+def _probe_once() -> tuple[bool, str]:
+    limits = SandboxLimits(5.0, 256, 5, 1, 16, 4096)
+    box = Sandbox.__new__(Sandbox)
+    box.limits, box.mode, box.sandboxed = limits, "script", True
+    try:
+        box._start("print('ok')", None)
+    except (SandboxUnavailable, OSError) as err:
+        return False, str(err)
+    try:
+        run = box.run(timeout_s=5.0, keep_bytes=64)
+    finally:
+        box.close()
+    if (run.status, run.stdout) != ("ok", "ok\n"):
+        return False, f"a probe program gave {run.status}: {run.stderr.strip()[-200:]}"
+    return True, ""
+
+
+def _probe() -> tuple[bool, str]:
+    with _probe_lock:
+        return _probe_once()
+
+
+def isolation_available() -> bool:
+    """Whether programs run inside bubblewrap here (probed once per process)."""
+    return _probe()[0]
+
+
+def isolation_problem() -> str:
+    """Why bubblewrap cannot start here ('' when it can)."""
+    return _probe()[1]
+
+
+def run_program(code: str, stdin: str = "", *, limits: SandboxLimits) -> RunResult:
+    """Run `code` as a plain Python program (`__main__`, file main.py) on `stdin`, in a sandbox of
+    its own, and keep `max_output_bytes` of its output."""
+    with Sandbox(code, mode="script", limits=limits) as box:
+        return box.run(stdin, timeout_s=limits.timeout_s, keep_bytes=limits.max_output_bytes)
+
+
+# --- what is left running ------------------------------------------------------------------------
+
+
+def _table() -> dict[int, tuple[str, int]]:
+    """pid -> (state, ppid) of every process, from /proc."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    raw = f.read()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            fields = raw[raw.rindex(b")") + 2 :].split()
+            table[int(name)] = (fields[0].decode(), int(fields[1]))
+    return table
+
+
+def _marked(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return driver.MARK.encode() in f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def sandboxed_processes(owner: int | None = None) -> list[int]:
+    """Live processes of the sandboxes that process `owner` (default: this one) started, at any
+    depth below it: bwrap, the driver, and whatever the programs started. Other graders' sandboxes
+    are not counted."""
+    owner = os.getpid() if owner is None else owner
+    table = _table()
+    found = []
+    for pid, (state, _) in table.items():
+        if state == "Z" or pid == owner:
+            continue
+        marked, cursor = False, pid
+        while cursor in table and cursor != owner and cursor > 1:
+            marked = marked or _marked(cursor)
+            cursor = table[cursor][1]
+        if cursor == owner and marked:
+            found.append(pid)
+    return sorted(found)

@@ -38,7 +38,7 @@ class ExecutionRecord:
     tool_status: str  # "ok" | "error" | "timeout" | "refused"
     tool_output_sha256: str
     tool_output_excerpt: str  # capped to runtime.tool_output_chars
-    sandboxed: bool  # the tool's program (if any) ran without network
+    sandboxed: bool  # the tool's program (if any) ran inside the bubblewrap sandbox
     score: float  # from the record alone: graded submissions; 0 for other calls
     reward: float  # placed on action_token: score (+ shaping from the training stage)
     potential_before: float | None = None

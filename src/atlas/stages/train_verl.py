@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     root = args.checkpoints
     fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in training_inputs(args)}}
     journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
-    overrides, metrics, episodes = prepare(args, cfg, name, steps, root)
+    overrides, metrics, episodes, expected = prepare(args, cfg, name, steps, root)
     command = launch_command(overrides)
     if args.dry_run:
         print(shlex.join(command))
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics_files=sorted(metrics.parent.glob("metrics_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])),
         gamma=cfg.training.ppo.gamma,
         dose=cfg.training.runs[name].dose,
+        expected=expected,
     )
     convert.assemble_run(
         args, root, s, name=name, steps=steps, validated=points, module=MODULE, code=code_files

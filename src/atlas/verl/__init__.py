@@ -4,3 +4,7 @@ config generation and launcher, and the converter from verl's outputs to this pr
 verl is an optional extra with its own environment (see the README); nothing else in `atlas`
 imports this package.
 """
+
+from atlas.verl.versions import check_xgrammar
+
+check_xgrammar()

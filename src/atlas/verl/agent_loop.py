@@ -19,7 +19,10 @@ What goes back to verl (`AtlasAgentLoopOutput`):
     rm_scores      record k's reward on its action token (a sampled token, so GAE keeps it); verl's
                    default puts one scalar on the last token instead. Built in `as_dict`, which the
                    V1 trainer's TransferQueue path calls; the legacy (use_v1=False) path ignores it.
-    extra_fields   {"records": one dict per ExecutionRecord}.
+    extra_fields   {"records": one dict per ExecutionRecord, "min_global_steps"/"max_global_steps": the
+                   oldest and newest weight versions the episode's turns were generated with}. verl's
+                   V1 post-process tags each sample with these two, and its step metrics read them as
+                   integers (trainer_base._compute_metrics); without them verl stops after step 1.
 Each episode is also written to `records_dir/<phase>/global_step_<g>/<uid>__<sample>.json` before
 verl's update uses it, which `atlas.verl.convert` turns into the run folder's records.parquet.
 
@@ -64,6 +67,7 @@ from atlas.runtime.protocol import ProtocolReport, check_episodes
 from atlas.runtime.runfolder import trajectory_row
 from atlas.runtime.session import Runtime, tool_runtime
 from atlas.runtime.tools import CodeBounds
+from atlas.verl.transport import INDEX, TABLE
 
 AGENT_NAME = "atlas_tool_agent"
 
@@ -114,6 +118,8 @@ class LoopSetup:
     potential: Potential
     records_dir: Path
     banned: torch.Tensor  # [vocab] bool: control tokens the grammar never admits
+    banned_words: torch.Tensor  # the bitmask words holding banned tokens, and per word the bits
+    banned_clear: torch.Tensor  # to keep (int32): `word & clear` drops the banned tokens
     # verl runs many episodes at once in one worker; at most graders.workers tool programs run at a
     # time in this process, as the local loop's pool allows.
     tool_slots: threading.BoundedSemaphore
@@ -133,6 +139,7 @@ def loop_setup(settings_path: str, tokenizer) -> LoopSetup:
             questions = {q["question_uid"]: q for path in (s.train, s.val) for q in read_questions(path)}
             banned = torch.zeros(s.vocab_size, dtype=torch.bool)
             banned[sorted(rt.grammars.banned_token_ids)] = True
+            words, clear = banned_bits(rt.grammars.banned_token_ids, s.vocab_size)
             _SETUPS[settings_path] = LoopSetup(
                 cfg=cfg,
                 run=s.run,
@@ -142,9 +149,21 @@ def loop_setup(settings_path: str, tokenizer) -> LoopSetup:
                 potential=build_potential(cfg, s),
                 records_dir=Path(s.records_dir),
                 banned=banned,
+                banned_words=words,
+                banned_clear=clear,
                 tool_slots=threading.BoundedSemaphore(cfg.graders.workers),
             )
         return _SETUPS[settings_path]
+
+
+def banned_bits(banned: set[int], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The xgrammar bitmask words holding banned tokens and, per word, an int32 that keeps every
+    other bit."""
+    clear = torch.full(((vocab + 31) // 32,), -1, dtype=torch.int32)
+    for b in banned:
+        clear[b // 32] &= ~(1 << (b % 32)) if b % 32 != 31 else 0x7FFFFFFF
+    words = (clear != -1).nonzero().flatten()
+    return words, clear[words]
 
 
 def build_potential(cfg: AtlasConfig, s: LoopSettings) -> Potential:
@@ -173,7 +192,11 @@ def structured_outputs(tag_json: str):
 
 
 def replay_generation(
-    token_ids: list[int], logprobs: list[float] | None, call: CompiledCall, setup: LoopSetup
+    token_ids: list[int],
+    logprobs: list[float] | None,
+    call: CompiledCall,
+    setup: LoopSetup,
+    masks: list[bytes] | None = None,
 ) -> Generation:
     """A Generation (ids, log-probs, sampled/forced flags, finish reason) from a server's tokens.
 
@@ -181,7 +204,9 @@ def replay_generation(
     enforce our grammar: GrammarMismatchError), and a token is forced (sampled 0, log-prob 0) where
     the grammar, control-token ban included, admitted exactly one token, as the local engine marks
     it. A server that stops on the stop token but leaves it out of its tokens gets it appended as a
-    forced token, so the trajectory holds the same tokens the chat template expects."""
+    forced token, so the trajectory holds the same tokens the chat template expects. With `masks`,
+    each token's allowed-token bitmask (int32 words, control-token ban included: the mask the
+    actor's log-prob takes it under, atlas.verl.actor) is appended to it as bytes."""
     rt = setup.rt
     if logprobs is not None and len(logprobs) != len(token_ids):
         raise ValueError(f"{len(logprobs)} log-probs for {len(token_ids)} tokens")
@@ -191,7 +216,12 @@ def replay_generation(
 
     def allowed() -> torch.Tensor:
         matcher.fill_next_token_bitmask(bitmask, 0)
-        return unpack_bitmask(bitmask, len(setup.banned))[0] & ~setup.banned
+        bitmask[0, setup.banned_words] &= setup.banned_clear
+        return unpack_bitmask(bitmask, len(setup.banned))[0]
+
+    def keep() -> None:
+        if masks is not None:
+            masks.append(bitmask[0].numpy().tobytes())
 
     for k, token in enumerate(token_ids):
         legal = allowed()
@@ -201,6 +231,7 @@ def replay_generation(
                 f"(tools {list(call.tools)}); the rollout server must enforce the structural tag it "
                 "was given (vLLM: structured_outputs with the xgrammar backend)"
             )
+        keep()
         sampled = int(legal.sum()) > 1
         gen.token_ids.append(token)
         gen.sampled.append(int(sampled))
@@ -211,6 +242,7 @@ def replay_generation(
         legal = allowed()
         only = legal.nonzero().flatten().tolist()
         if len(only) == 1 and only[0] in rt.stop_ids:  # the server dropped the (forced) stop token
+            keep()
             matcher.accept_token(only[0])
             gen.token_ids.append(only[0])
             gen.sampled.append(0)
@@ -221,16 +253,41 @@ def replay_generation(
     return gen
 
 
+def weight_versions(turn_fields: list[dict[str, Any]], step: int) -> dict[str, int]:
+    """The episode's min/max_global_steps from its turns' server outputs, as verl's own loops keep
+    them (the first turn's min, the last turn's max). verl's server client sets both on every
+    output from the server's weight version; a server that reports none (the CPU server of
+    atlas.verl.local_server) served the weights of the sample's own global step."""
+    mins = [f["min_global_steps"] for f in turn_fields if f.get("min_global_steps") is not None]
+    maxs = [f["max_global_steps"] for f in turn_fields if f.get("max_global_steps") is not None]
+    return {
+        "min_global_steps": int(min(mins)) if mins else step,
+        "max_global_steps": int(max(maxs)) if maxs else step,
+    }
+
+
 class AtlasAgentLoopOutput(AgentLoopOutput):
     """verl's output with rm_scores built from the records: reward k on action token k."""
 
     action_positions: list[int] = []  # response positions (trajectory position - prompt length)
     action_rewards: list[float] = []
+    # the generated tokens' grammar masks for atlas.verl.actor: distinct bitmasks, flattened
+    # [M * W] int32, and per response token its row (-1: tool output)
+    mask_table: list[bytes] = []
+    mask_index: list[int] = []
 
     def as_dict(self) -> dict[str, Any]:
         out = super().as_dict()
-        out.pop("action_positions", None)
-        out.pop("action_rewards", None)
+        for key in ("action_positions", "action_rewards", "mask_table", "mask_index"):
+            out.pop(key, None)
+        if self.mask_index:
+            if len(self.mask_index) != len(self.response_ids):
+                raise ValueError(
+                    f"{len(self.mask_index)} mask rows for {len(self.response_ids)} response tokens"
+                )
+            words = torch.frombuffer(bytearray(b"".join(self.mask_table)), dtype=torch.int32)
+            out[TABLE] = words
+            out[INDEX] = torch.tensor(self.mask_index, dtype=torch.int64)
         mask = out["response_mask"]
         rm = torch.zeros_like(mask, dtype=torch.float32)
         for pos, reward in zip(self.action_positions, self.action_rewards, strict=True):
@@ -244,8 +301,26 @@ class AtlasAgentLoopOutput(AgentLoopOutput):
         return out
 
 
+def mask_rows(ep: Episode, masks: list[bytes]) -> tuple[list[bytes], list[int]]:
+    """The distinct masks of an episode's generated tokens and, per response token, its row."""
+    p = ep.prompt_tokens
+    index = [-1] * (len(ep.token_ids) - p)
+    rows: dict[bytes, int] = {}
+    spans = [t for span in ep.generations for t in range(span.start, span.end)]
+    if len(spans) != len(masks):
+        raise GrammarMismatchError(f"{len(masks)} replayed masks for {len(spans)} generated tokens")
+    for t, mask in zip(spans, masks, strict=True):
+        index[t - p] = rows.setdefault(mask, len(rows))
+    return list(rows), index
+
+
 def episode_output(
-    ep: Episode, setup: LoopSetup, phase: str, metrics: AgentLoopMetrics
+    ep: Episode,
+    setup: LoopSetup,
+    phase: str,
+    metrics: AgentLoopMetrics,
+    versions: dict[str, int],
+    masks: list[bytes],
 ) -> AtlasAgentLoopOutput:
     """Shape rewards (train only; validation rewards are the scores), and build verl's output."""
     run = setup.cfg.training.runs[setup.run]
@@ -253,6 +328,7 @@ def episode_output(
         placed = shape_episode(ep, setup.potential, gamma=setup.cfg.training.ppo.gamma, dose=run.dose)
         placed.write_to(ep.records)
     p = ep.prompt_tokens
+    table, index = mask_rows(ep, masks)
     return AtlasAgentLoopOutput(
         prompt_ids=ep.token_ids[:p],
         response_ids=ep.token_ids[p:],
@@ -261,9 +337,11 @@ def episode_output(
         reward_score=sum(r.reward for r in ep.records),
         num_turns=2 * len(ep.records) + 1,  # user, then an assistant and a tool message per call
         metrics=metrics,
-        extra_fields={"records": [asdict(r) for r in ep.records]},
+        extra_fields={"records": [asdict(r) for r in ep.records], **versions},
         action_positions=[r.action_token - p for r in ep.records],
         action_rewards=[r.reward for r in ep.records],
+        mask_table=table,
+        mask_index=index,
     )
 
 
@@ -286,6 +364,20 @@ def write_episode(
     return path
 
 
+def write_failure(setup: LoopSetup, row: dict[str, Any], err: BaseException) -> Path:
+    """Why an episode produced no output: records_dir/<phase>/global_step_<g>/failed/<uid>__<sample>.json."""
+    info = row.get("extra_info") or {}
+    uid, phase = str(info.get("question_uid", "unknown")), str(info.get("phase", "train"))
+    step, sample = int(row.get("global_steps", 0)), row.get("session_id", "unknown")
+    folder = setup.records_dir / phase / f"global_step_{step}" / "failed"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{uid.replace(':', '_')}__{sample}.json"
+    body = {"question_uid": uid, "sample": sample, "error": type(err).__name__, "message": str(err)[:2000]}
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(canonical_json(body))
+    return path
+
+
 @register(AGENT_NAME)
 class AtlasToolAgentLoop(AgentLoopBase):
     """One episode per call of `run`; see the module docstring."""
@@ -299,6 +391,15 @@ class AtlasToolAgentLoop(AgentLoopBase):
             return run_tool(ep, offered, parsed, self.setup.cfg.graders, self.setup.cfg.runtime)
 
     async def run(self, sampling_params: dict[str, Any], **row) -> AtlasAgentLoopOutput:
+        try:
+            return await self._play(sampling_params, **row)
+        except Exception as err:
+            # verl marks the sample's group failed and trains on the rest; the converter counts
+            # episodes and names this file's reason when a step comes up short
+            write_failure(self.setup, row, err)
+            raise
+
+    async def _play(self, sampling_params: dict[str, Any], **row) -> AtlasAgentLoopOutput:
         setup, rt = self.setup, self.setup.rt
         cfg = setup.cfg.runtime
         info = row["extra_info"]
@@ -314,6 +415,8 @@ class AtlasToolAgentLoop(AgentLoopBase):
         spec = EpisodeSpec(setup.questions[uid], setup.tests.get(uid, []), sample)
         ep = start_episode(rt, spec, CodeBounds.of(cfg))
         metrics = AgentLoopMetrics()
+        turn_fields: list[dict[str, Any]] = []
+        masks: list[bytes] = []
         for turn in range(cfg.max_turns):
             offered = begin_turn(ep, rt, turn, cfg)
             if offered is None:
@@ -331,7 +434,8 @@ class AtlasToolAgentLoop(AgentLoopBase):
                 f"{uid}-{phase}-{step}-{sample}", prompt_ids=list(ep.token_ids), sampling_params=params
             )
             gen_s = time.perf_counter() - t0
-            gen = replay_generation(list(out.token_ids), out.log_probs, call, setup)
+            turn_fields.append(dict(out.extra_fields or {}))
+            gen = replay_generation(list(out.token_ids), out.log_probs, call, setup, masks)
             parsed = take_generation(ep, rt, gen, offered)
             result, tool_s = await asyncio.to_thread(self._run_tool, ep, offered, parsed)
             record_turn(ep, rt, gen, parsed[0], result, cfg, run=setup.run, step=step, phase=phase, turn=turn)
@@ -342,7 +446,7 @@ class AtlasToolAgentLoop(AgentLoopBase):
                 break
         if not ep.done:
             ep.end_reason = "turn_limit"
-        output = episode_output(ep, setup, phase, metrics)
+        output = episode_output(ep, setup, phase, metrics, weight_versions(turn_fields, step), masks)
         # The protocol invariants, checked against the very reward vector verl will read.
         rm = [0.0] * ep.prompt_tokens + output.as_dict()["rm_scores"].tolist()
         report = check_episodes(

@@ -40,7 +40,8 @@ AGENT_LOOP = "atlas_tool_agent"
 REWARD_FN = "compute_score"
 # Modules every process of the verl job imports (verl reads VERL_USE_EXTERNAL_MODULES on `import
 # verl`): the critic LoRA with its value head (atlas.verl.critic) must reach the Ray workers.
-EXTERNAL_MODULES = ("atlas.verl.critic",)
+# atlas.verl.actor makes the actor's log-probs those under the grammar masks.
+EXTERNAL_MODULES = ("atlas.verl.critic", "atlas.verl.actor")
 
 
 @dataclass(frozen=True)
@@ -304,6 +305,9 @@ def verl_overrides(cfg: AtlasConfig, run: str, paths: VerlPaths) -> list[str]:
         f"{ar}.rollout.gpu_memory_utilization": v.gpu_memory_utilization,
         # vLLM loads the base weights from the model folder; each sync then sends the adapters
         f"{ar}.rollout.load_format": "safetensors",
+        # vLLM's (masked) log-probs of the sampled tokens: verl logs their gap to the actor's
+        # recomputed ones (training/rollout_probs_diff_*)
+        f"{ar}.rollout.calculate_log_probs": True,
         f"{ar}.rollout.log_prob_micro_batch_size_per_gpu": ppo.micro_batch_size,
         # validation samples as training does (the local engine's validation draws too)
         f"{ar}.rollout.val_kwargs.n": t.validation_samples,
@@ -342,6 +346,8 @@ def verl_overrides(cfg: AtlasConfig, run: str, paths: VerlPaths) -> list[str]:
         # logger and wandb write (environment variables, not config keys)
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES": ",".join(EXTERNAL_MODULES),
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH": paths.metrics_file,
+        # vLLM's xgrammar backend on our token table (atlas.verl.vllm_plugin) in its server processes
+        "+ray_kwargs.ray_init.runtime_env.env_vars.ATLAS_VLLM_TOKEN_TABLE": "1",
     }
     if "wandb" in logger:
         keys["+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE"] = t.wandb_mode

@@ -85,11 +85,27 @@ def read_episode(path: Path) -> StoredEpisode:
         raise VerlOutputError(f"{path}: not an atlas agent-loop episode file ({err!r})") from None
 
 
-def read_episodes(folder: Path) -> list[StoredEpisode]:
-    """The episodes of one step or validation point, in (question, sample) order."""
+def failures(folder: Path) -> list[str]:
+    """The agent loop's reasons for the episodes of this folder that produced no output."""
+    out = []
+    for path in sorted((folder / "failed").glob("*.json")):
+        body = json.loads(path.read_text(encoding="utf-8"))
+        out.append(f"{body['question_uid']} sample {body['sample']}: {body['error']}: {body['message']}")
+    return out
+
+
+def read_episodes(folder: Path, expected: int) -> list[StoredEpisode]:
+    """The episodes of one step or validation point, in (question, sample) order; exactly
+    `expected` (questions x samples) of them. verl trains on the rest of a batch when a sample's
+    agent loop raises; here a missing episode fails the run, with the count and the reasons."""
     paths = sorted(folder.glob("*.json"))
-    if not paths:
-        raise VerlOutputError(f"{folder}: no episode files (did the agent loop run for this step?)")
+    if len(paths) != expected:
+        reasons = failures(folder)
+        listed = "".join(f"\n  {r}" for r in reasons[:20]) or " none recorded (did the agent loop run?)"
+        raise VerlOutputError(
+            f"{folder}: {len(paths)} episodes, expected {expected} (questions x samples); "
+            f"{len(reasons)} failed, reasons:{listed}"
+        )
     episodes = [read_episode(p) for p in paths]
     return sorted(episodes, key=lambda ep: (ep.question["question_uid"], ep.sample))
 
@@ -136,14 +152,19 @@ def write_journal(
     metrics_files: list[Path],
     gamma: float,
     dose: float,
-) -> None:
-    """Fill root/journal/ from verl's outputs for steps 0..steps-1 and the validation points."""
+    expected: dict[str, int],
+) -> dict[str, int]:
+    """Fill root/journal/ from verl's outputs for steps 0..steps-1 and the validation points.
+    `expected` holds the episodes each folder must have: "train" per step (questions x samples),
+    "val" per validation point. Returns the episodes counted per folder."""
+    counted: dict[str, int] = {}
     verl_metrics = read_metrics(metrics_files)
     for k in range(steps):
         g = k + 1
         if g not in verl_metrics:
             raise VerlOutputError(f"no metrics for global step {g} in {[str(p) for p in metrics_files]}")
-        episodes = read_episodes(records_dir / "train" / f"global_step_{g}")
+        episodes = read_episodes(records_dir / "train" / f"global_step_{g}", expected["train"])
+        counted[f"train/global_step_{g}"] = len(episodes)
         for ep in episodes:  # the agent loop stamps verl's global step; ours is 0-based
             for r in ep.records:
                 r.step = k
@@ -159,7 +180,8 @@ def write_journal(
             [],
         )
     for done in validated:
-        episodes = read_episodes(records_dir / "val" / f"global_step_{done}")
+        episodes = read_episodes(records_dir / "val" / f"global_step_{done}", expected["val"])
+        counted[f"val/global_step_{done}"] = len(episodes)
         for ep in episodes:
             for r in ep.records:
                 if r.phase != "val":
@@ -170,6 +192,8 @@ def write_journal(
         folder.mkdir(parents=True, exist_ok=True)
         write_rollouts(folder, episodes, report, run=run, step=done, phase="val")
         atomic_write_json(folder / "validation.json", validation_rows(episodes, run=run, step=done))
+    atomic_write_json(root / "verl" / "episode_counts.json", {"expected": expected, "counted": counted})
+    return counted
 
 
 def verl_checkpoints(folder: Path) -> list[dict[str, Any]]:

@@ -65,9 +65,12 @@ def model_vocab_size(model_dir: Path) -> int:
     return int(AutoConfig.from_pretrained(model_dir).vocab_size)
 
 
-def prepare(args, cfg: AtlasConfig, name: str, steps: int, root: Path) -> tuple[list[str], Path, Path]:
+def prepare(
+    args, cfg: AtlasConfig, name: str, steps: int, root: Path
+) -> tuple[list[str], Path, Path, dict[str, int]]:
     """Write the datasets, the agent loop's settings and the overrides; return the overrides, the
-    metrics file of this launch and the episodes folder."""
+    metrics file of this launch, the episodes folder and the episodes each step and validation
+    point must have (questions x samples)."""
     verl_dir, episodes = root / "verl", root / "episodes"
     train = [q for q in read_questions(args.train) if q["step"] < steps]
     train.sort(key=lambda q: (q["step"], q["position"]))
@@ -109,4 +112,9 @@ def prepare(args, cfg: AtlasConfig, name: str, steps: int, root: Path) -> tuple[
     overrides = verl_overrides(cfg, name, paths)
     compose(overrides)  # verl's own loader and startup checks, before any GPU is asked for
     write_overrides(verl_dir / "overrides.txt", overrides)
-    return overrides, metrics, episodes
+    t = cfg.training
+    expected = {
+        "train": cfg.schedule.questions_per_step * t.responses_per_question,
+        "val": len(val) * t.validation_samples,
+    }
+    return overrides, metrics, episodes, expected

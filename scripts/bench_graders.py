@@ -1,0 +1,86 @@
+"""Grading throughput: atlas's grade_many against lcb_runner's check_correctness, side by side.
+
+    python scripts/bench_graders.py /path/to/LiveCodeBench [--programs 40] [--rounds 3] [--workers 2]
+
+Grades the same correct programs (the fixtures' reference solutions, each on all of its tests)
+through `atlas.graders.lcb.grade_many` and through LiveCodeBench's
+`lcb_runner.evaluation.compute_code_generation_metrics.check_correctness` (one call per program, as
+lcb_runner's own evaluation loop makes them), alternating rounds in one run. Prints programs/s of
+each, their ratio, and whether every verdict agrees. lcb_runner is not a dependency: pass the path
+of a checkout of its public repository (it needs numpy and tqdm beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from atlas.config import GraderConfig
+from atlas.data.lcb import read_lcb
+from atlas.graders.lcb import grade_many
+from atlas.graders.sandbox import isolation_available
+
+FIXTURES = Path(__file__).resolve().parent.parent / "resources" / "fixtures"
+
+
+def programs(count: int) -> list[tuple[str, list, str | None]]:
+    """(code, tests, func_name) of `count` correct programs, cycling through the fixtures."""
+    questions = read_lcb(FIXTURES / "lcb_train.jsonl", "train") + read_lcb(FIXTURES / "lcb_val.jsonl", "val")
+    solutions = json.loads((FIXTURES / "lcb_solutions.json").read_text(encoding="utf-8"))
+    jobs = [(solutions[q.record_id], q.public_tests + q.private_tests, q.func_name) for q in questions]
+    return [jobs[i % len(jobs)] for i in range(count)]
+
+
+def lcb_sample(tests, func_name) -> dict:
+    io = {"inputs": [t.input for t in tests], "outputs": [t.output for t in tests], "fn_name": func_name}
+    return {"input_output": json.dumps(io)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("lcb_checkout", type=Path, help="a checkout of LiveCodeBench/LiveCodeBench")
+    parser.add_argument("--programs", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="graders.workers of grade_many")
+    parser.add_argument("--test-timeout", type=int, default=6, help="per-test bound of both graders")
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.lcb_checkout))
+    from lcb_runner.evaluation.compute_code_generation_metrics import check_correctness
+
+    jobs = programs(args.programs)
+    cfg = GraderConfig(test_timeout_s=args.test_timeout, program_timeout_s=60.0, workers=args.workers)
+    samples = [lcb_sample(tests, name) for _, tests, name in jobs]
+    tests = sum(len(t) for _, t, _ in jobs)
+    print(f"{len(jobs)} programs, {tests} tests; sandboxed: {isolation_available()}; workers: {args.workers}")
+    seconds = {"atlas": 0.0, "lcb_runner": 0.0}
+    agree = True
+    for round_ in range(args.rounds):
+        start = time.perf_counter()
+        verdicts = grade_many(jobs, cfg=cfg)
+        seconds["atlas"] += time.perf_counter() - start
+        start = time.perf_counter()
+        results = [
+            check_correctness(s, code, args.test_timeout, debug=False)[0]
+            for s, (code, _, _) in zip(samples, jobs, strict=True)
+        ]
+        seconds["lcb_runner"] += time.perf_counter() - start
+        atlas_ok = [v.status == "passed" for v in verdicts]
+        lcb_ok = [all(r is True for r in res) for res in results]
+        agree = agree and atlas_ok == lcb_ok
+        print(
+            f"round {round_ + 1}: atlas {sum(atlas_ok)}/{len(jobs)} passed, lcb_runner {sum(lcb_ok)}/{len(jobs)}"
+        )
+    rate = {k: args.rounds * len(jobs) / s for k, s in seconds.items()}
+    print("\n| grader | programs/s | seconds |\n|---|---|---|")
+    for name in ("atlas", "lcb_runner"):
+        print(f"| {name} | {rate[name]:.2f} | {seconds[name]:.2f} |")
+    print(
+        f"\nratio atlas / lcb_runner: {rate['atlas'] / rate['lcb_runner']:.2f}x; identical verdicts: {agree}"
+    )
+
+
+if __name__ == "__main__":
+    main()

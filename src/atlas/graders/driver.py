@@ -1,0 +1,403 @@
+"""The driver inside a program's sandbox: started once per program, it runs each test in a child.
+
+Standard library only: the sandbox holds the interpreter's standard library and nothing else. The
+grader (sandbox.py) runs this file's text as
+
+    python -S -P -c <this text> atlas-sandbox-driver REQUEST_FD REPLY_FD CONTAINED
+
+and talks to it in frames (one type byte, a 4-byte big-endian length, the payload):
+
+    grader -> driver   S setup (JSON: code, mode, func_name, bounds), then T per test (JSON: input, timeout_s)
+    driver -> grader   R ready; per test O stdout bytes (as they come), then D done (JSON)
+
+The driver never receives an expected output: it returns what the program printed (stdin tests)
+or what the method returned (functional tests), and the grader compares. Each test runs in a child
+forked from the driver, which has already imported the standard modules, under the per-test time,
+memory, CPU, file-size and descriptor bounds; the process count is bounded for the whole sandbox.
+
+A functional result is the value the call returned, marshalled by the child right after the call
+and written to a pipe of its own; the driver turns it into JSON. A raise, a value that is not JSON
+(a set, an object, NaN), or anything written to stdout after the call returned, is an error.
+Where the sandbox has its own PID namespace (CONTAINED=1), every process but the driver and the
+namespace's init is killed after each test, so nothing a test leaves running sees the next test.
+"""
+
+import atexit
+import json
+import linecache
+import marshal
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+
+MARK = "atlas-sandbox-driver"
+HEADER = struct.Struct(">cI")
+READ_CHUNK = 1 << 16
+FORWARD_CAP = 64 << 20  # stdout bytes forwarded per test; the grader keeps what a comparison needs
+VALUE_CAP = 64 << 20  # bytes of one marshalled return value
+REAP_S = 1.0  # how long killing what a test left behind may take before the driver gives up
+
+# lcb_runner's `import_string` (lcb_runner/evaluation/testing_util.py), run before an LCB program.
+IMPORTS = (
+    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
+    "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\n"
+    "from random import *\nfrom statistics import *\nfrom itertools import *\nfrom functools import *\n"
+    "from operator import *\nfrom io import *\nfrom sys import *\nfrom json import *\n"
+    "from builtins import *\nfrom typing import *\nimport string\nimport re\nimport datetime\n"
+    "import collections\nimport heapq\nimport bisect\nimport copy\nimport math\nimport random\n"
+    "import statistics\nimport itertools\nimport functools\nimport operator\nimport io\nimport sys\n"
+    "import json\nsys.setrecursionlimit(50000)\n"
+)
+# Captured before any program runs: a program that patches marshal or json changes its own copy of
+# the module attribute, not these references.
+_marshal_dumps = marshal.dumps
+_write = os.write
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def read_frame(fd: int) -> tuple[bytes, bytes] | None:
+    head = _read_exact(fd, HEADER.size)
+    if head is None:
+        return None
+    kind, size = HEADER.unpack(head)
+    payload = _read_exact(fd, size)
+    return None if payload is None else (kind, payload)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[_write(fd, view) :]
+
+
+def send(fd: int, kind: bytes, payload: bytes) -> None:
+    write_all(fd, HEADER.pack(kind, len(payload)) + payload)
+
+
+# --- the child: one test -------------------------------------------------------------------------
+
+
+def _print_exception(exc: BaseException, filename: str) -> None:
+    """The interpreter's message for an uncaught exception, from the program's first frame on."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    if isinstance(exc, SyntaxError):
+        tb = None
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:  # the program replaced or closed it: what it held is its own loss
+            pass
+
+
+def _finish(status: int) -> None:
+    """End the child as the interpreter would: flush, run the atexit hooks, flush again."""
+    _flush()
+    atexit._run_exitfuncs()
+    _flush()
+    os._exit(status)
+
+
+def _fail(message: str) -> None:
+    print(message, file=sys.stderr)
+    _finish(1)
+
+
+def _bound(setup: dict) -> None:
+    mb = 1 << 20
+    for limit, value in (
+        (resource.RLIMIT_AS, setup["memory_mb"] * mb),
+        (resource.RLIMIT_CPU, setup["cpu_s"]),
+        (resource.RLIMIT_FSIZE, setup["file_size_mb"] * mb),
+        (resource.RLIMIT_NOFILE, setup["open_files"]),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        resource.setrlimit(limit, (value, value))
+
+
+def child(setup: dict, text: str, fds: tuple[int, int, int, int | None]) -> None:
+    """Run the program on one test; never returns."""
+    stdin_fd, out_w, err_w, value_w = fds
+    os.setpgid(0, 0)
+    os.dup2(stdin_fd, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    if value_w is not None:
+        os.dup2(value_w, 3)
+        value_w = 3
+    os.closerange(3 if value_w is None else 4, 1 << 16)  # the driver's channels stay out of reach
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    _bound(setup)
+    filename, code = setup["filename"], setup["code"]
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    sys.argv = [filename]
+    mode = setup["mode"]
+    namespace = {"__name__": "solution" if mode == "functional" else "__main__"}
+    try:
+        if mode == "functional":
+            args = [json.loads(line) for line in text.split("\n") if line.strip()]
+        if mode != "script":
+            exec(IMPORTS, namespace)
+        exec(compile(code, filename, "exec"), namespace)
+        if mode != "functional":
+            _finish(0)
+        if "Solution" not in namespace:
+            _fail("the program defines no class Solution")
+        method = getattr(namespace["Solution"](), setup["func_name"], None)
+        if not callable(method):
+            _fail(f"class Solution has no method {setup['func_name']}")
+        value = method(*args)
+    except SystemExit as exc:
+        _finish(_exit_status(exc))
+    except BaseException as exc:
+        _print_exception(exc, filename)
+        _finish(1)
+    # The call returned. Its value goes out on its own pipe; stdout is then pointed at that pipe,
+    # so whatever is printed from here on (an atexit hook) lands behind the value: an error.
+    try:
+        payload = _marshal_dumps(value)
+    except (ValueError, TypeError):
+        _fail(f"the return value ({type(value).__name__}) is not JSON-serialisable")
+    _flush()
+    write_all(value_w, struct.pack(">Q", len(payload)) + payload)
+    os.dup2(value_w, 1)
+    _finish(0)
+
+
+# --- the driver: tests one at a time -------------------------------------------------------------
+
+
+def to_json(value):
+    """The JSON value of what marshal carried back; ValueError for anything JSON has not."""
+    kind = type(value)
+    if value is None or kind in (bool, int, str):
+        return value
+    if kind is float:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("float")
+        return value
+    if kind in (list, tuple):
+        return [to_json(v) for v in value]
+    if kind is dict:
+        if not all(type(k) is str for k in value):
+            raise ValueError("dict with non-string keys")
+        return {k: to_json(v) for k, v in value.items()}
+    raise ValueError(kind.__name__)
+
+
+def _value_of(raw: bytes) -> tuple[str | None, str]:
+    """(JSON text of the returned value or None, why not) from what the child wrote."""
+    if len(raw) < 8:
+        return None, ""
+    (size,) = struct.unpack(">Q", raw[:8])
+    payload, after = raw[8 : 8 + size], raw[8 + size :]
+    if len(payload) < size:
+        return None, "the return value was cut off"
+    if after:
+        return None, "the program wrote to stdout after the method returned"
+    try:
+        return json.dumps(to_json(marshal.loads(payload))), ""
+    except (ValueError, EOFError, TypeError, RecursionError) as err:
+        return None, f"the return value is not JSON-serialisable ({err})"
+
+
+def _sandbox_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _kill_leftovers(pid: int, contained: bool) -> None:
+    """Kill the test's process group and, inside a PID namespace of its own, every process that is
+    not the driver or the namespace's init (setsid() escapees included)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if not contained:
+        return
+    spared = {1, os.getpid()}
+    give_up = time.monotonic() + REAP_S
+    while time.monotonic() < give_up:
+        alive = []
+        for other in _sandbox_pids():
+            if other in spared:
+                continue
+            try:
+                with open(f"/proc/{other}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+                if state != b"Z":
+                    os.kill(other, signal.SIGKILL)
+                    alive.append(other)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        if not alive:
+            return
+        time.sleep(0.001)
+
+
+def run_test(setup: dict, test: dict, reply: int, contained: bool) -> None:
+    text = test["input"]
+    timeout_s = test["timeout_s"]
+    functional = setup["mode"] == "functional"
+    stdin_fd = os.memfd_create("stdin")
+    if not functional:
+        write_all(stdin_fd, text.encode("utf-8"))
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    value_r, value_w = os.pipe() if functional else (None, None)
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child(setup, text, (stdin_fd, out_w, err_w, value_w))
+        finally:
+            os._exit(70)
+    for fd in (stdin_fd, out_w, err_w, value_w):
+        if fd is not None:
+            os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    streams = {out_r: "out", err_r: "err", **({value_r: "value"} if functional else {})}
+    kept = {"out": 0, "err": bytearray(), "value": bytearray()}
+    dropped = {"out": False, "err": False, "value": False}
+    err_cap = setup["max_output_bytes"]
+    deadline = start + timeout_s
+    status = None
+    poller = select.poll()
+    for fd in (*streams, pidfd):
+        poller.register(fd, select.POLLIN)
+    exited_at = None
+    while True:
+        now = time.monotonic()
+        if exited_at is None:
+            if now >= deadline:
+                break
+            wait_s = deadline - now
+        else:
+            # Once the child is gone, read what is left; a process that escaped its group (only
+            # possible outside a PID namespace) may hold a pipe open: stop waiting for it soon.
+            if not streams or now >= exited_at + 0.05:
+                break
+            wait_s = exited_at + 0.05 - now
+        for fd, _ in poller.poll(int(wait_s * 1000) + 1):
+            if fd == pidfd:
+                poller.unregister(pidfd)
+                _, wait_status = os.waitpid(pid, 0)
+                status = os.waitstatus_to_exitcode(wait_status)
+                exited_at = time.monotonic()
+                _kill_leftovers(pid, contained)  # their pipe ends close: the reads below end
+                continue
+            name = streams.get(fd)
+            if name is None:
+                continue
+            data = os.read(fd, READ_CHUNK)
+            if not data:
+                poller.unregister(fd)
+                del streams[fd]
+                continue
+            if name == "out":
+                room = FORWARD_CAP - kept["out"]
+                if room > 0:
+                    send(reply, b"O", data[:room])
+                    kept["out"] += min(room, len(data))
+                dropped["out"] |= len(data) > room
+            else:
+                cap = err_cap if name == "err" else VALUE_CAP
+                room = cap - len(kept[name])
+                kept[name] += data[: max(room, 0)]
+                dropped[name] |= len(data) > room
+    wall_s = time.monotonic() - start
+    if status is None:
+        _kill_leftovers(pid, contained)
+        os.waitpid(pid, 0)
+        finished = "timeout"
+    else:
+        finished = "ok" if status == 0 else "error"
+    for fd in (pidfd, out_r, err_r, *([value_r] if functional else [])):
+        os.close(fd)
+    done = {
+        "status": finished,
+        "returncode": status,
+        "wall_s": wall_s,
+        "stderr": bytes(kept["err"]).decode("utf-8", errors="replace"),
+        "stdout_truncated": dropped["out"],
+        "stderr_truncated": dropped["err"],
+        "value": None,
+    }
+    if functional and finished == "ok":
+        done["value"], why = _value_of(bytes(kept["value"]))
+        if why:
+            done.update(status="error", returncode=1, stderr=done["stderr"] + why + "\n")
+    send(reply, b"D", json.dumps(done).encode("utf-8"))
+
+
+class _Quitter:
+    """exit() and quit(), which the site module would define (the driver runs without it)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code=None):
+        raise SystemExit(code)
+
+
+def main() -> None:
+    import builtins
+
+    builtins.exit, builtins.quit = _Quitter("exit"), _Quitter("quit")
+    request, reply, contained = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+    frame = read_frame(request)
+    if frame is None or frame[0] != b"S":
+        sys.exit("atlas sandbox driver: expected a setup frame")
+    setup = json.loads(frame[1])
+    # Every process and thread of the sandbox counts against this, the driver and init included.
+    limit = setup["max_processes"] + 2
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    if contained:  # a program cannot ptrace the driver or open its descriptors through /proc
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    if setup["mode"] != "script":
+        exec(IMPORTS, {})  # import once here; each test's child finds them loaded
+
+    send(reply, b"R", b"")
+    while True:
+        frame = read_frame(request)
+        if frame is None:
+            return
+        run_test(setup, json.loads(frame[1]), reply, contained)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == [MARK]:
+    main()
