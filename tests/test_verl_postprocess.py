@@ -16,7 +16,7 @@ import pytest
 import torch
 
 if not os.environ.get("ATLAS_REQUIRE_VERL"):
-    pytest.importorskip("transfer_queue")
+    pytest.importorskip("transfer_queue", reason="TransferQueue comes with the verl environment")
 
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
