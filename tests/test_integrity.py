@@ -114,3 +114,19 @@ def test_training_refuses_a_flipped_byte_in_its_data(tmp_path):
     # the suggested command rebuilds it, and training then runs on good data
     run_snakemake(wf, "--cores", "1", "--force", "results/data/train.parquet", "results/data/MANIFEST.json")
     assert verify(wf / "results" / "data", check_sources=False) == []
+
+
+def test_the_distributed_roundtrip_refuses_a_changed_run_folder_before_any_rank_starts(tmp_path):
+    from atlas.hashing import write_manifest
+    from atlas.stage import CorruptInputError
+    from atlas.stages import distributed_roundtrip
+
+    run, model = tmp_path / "run", tmp_path / "model"
+    for folder in (run, model):
+        folder.mkdir()
+        (folder / "data.bin").write_bytes(b"\x00" * 64)
+        write_manifest(folder, stage="test")
+    (run / "data.bin").write_bytes(b"\x00" * 63 + b"\x01")  # one byte flipped, same size
+    argv = ["--model", str(model), "--run-folder", str(run), "--training", "{}", "--out", str(tmp_path / "o")]
+    with pytest.raises(CorruptInputError, match=rf"(?s){run}/data.bin: sha256.*rebuild {run}"):
+        distributed_roundtrip.main(argv)

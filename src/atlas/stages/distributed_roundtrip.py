@@ -11,7 +11,6 @@ diverged, which the check must catch.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -36,10 +35,11 @@ from atlas.checks.distributed import (
 from atlas.config import split_training
 from atlas.hashing import atomic_write_json
 from atlas.model.policy import ROLES
+from atlas.stage import StageParser, run
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = StageParser(description=__doc__.splitlines()[0])  # verifies --model and --run-folder
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--run-folder", required=True, type=Path)
     ap.add_argument("--training", required=True, type=json.loads, help="the run's training config slice")
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--perturb-rank", type=int, default=None)
     args = ap.parse_args(argv)
-    cuda = torch.cuda.is_available()
+    # NCCL needs a GPU per rank; with fewer GPUs than ranks the check runs on gloo over CPU
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("WORLD_SIZE", 1))
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
@@ -139,4 +140,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)
