@@ -90,7 +90,7 @@ class SandboxLimits:
     file_size_mb: int  # RLIMIT_FSIZE of a run
     open_files: int  # RLIMIT_NOFILE of a run
     max_output_bytes: int  # stdout and stderr each kept up to this many bytes
-    max_processes: int = 32  # processes and threads at once in one sandbox (RLIMIT_NPROC)
+    max_processes: int = 8  # processes and threads at once in one sandbox (RLIMIT_NPROC)
     scratch_mb: int = 64  # size of the sandbox's /tmp
     uid_base: int = 1_900_000_000  # host uids of sandboxes start here (when the grader is root)
     require_network_isolation: bool = False
@@ -187,6 +187,7 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str]) 
         bwrap,
         "--unshare-all",
         "--unshare-user",
+        "--as-pid-1",  # the driver is the PID namespace's init: no bwrap process inside to attack
         "--disable-userns",
         "--die-with-parent",
         "--new-session",
@@ -436,12 +437,14 @@ class Sandbox:
         if done is None:  # the driver hung or died (a program can kill it): end the sandbox
             timed_out = wall_s >= timeout_s
             self.close()
-            why = self.frames.stderr.decode("utf-8", errors="replace")
+            # Not the driver's stderr: text there is no verdict's business (the program's own
+            # stderr comes in the D frame, capped).
+            why = "the sandbox ended before the run did"
             return RunResult(
                 "timeout" if timed_out else "error",
                 None if timed_out else -signal.SIGKILL,
                 out.text(),
-                why or "the sandbox ended before the run did",
+                why,
                 out.truncated,
                 False,
                 wall_s,
