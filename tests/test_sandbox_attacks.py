@@ -281,11 +281,16 @@ for fd in range(8):
     except OSError:
         pass
 for fd in fds:
-    if fd >= 0:
+    try:
         os.write(fd, note)
-        got.append(f"wrote to a descriptor of the driver")
-os.kill(1, signal.SIGKILL)
-os.kill(os.getppid(), signal.SIGKILL)
+        got.append("wrote to a descriptor of the driver")
+    except OSError:
+        pass
+for pid in (1, os.getppid()):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 """)
     verdict = grade(workflow, code)
     assert note not in json.dumps(verdict)

@@ -6,9 +6,12 @@ The sandbox holds:
 
 - a new user namespace with an unprivileged uid, every capability dropped, no_new_privs (bwrap sets
   it), and no further user namespaces (`--disable-userns`);
-- new PID, network, IPC, UTS and cgroup namespaces: the program sees its own processes only,
+- new PID, network, IPC, UTS and cgroup namespaces, the driver the PID namespace's init
+  (`--as-pid-1`): the program sees its own processes and the driver, which is not dumpable,
   a network of its own with nothing in it (the host's loopback and sockets are out of reach), and
   a fresh `/proc`; a minimal read-only `/dev`; no `/sys`;
+- a seccomp filter in each test's child (driver.DENIED): no ptrace, no descriptors or memory of
+  other processes, no memory outside RLIMIT_AS (SysV IPC, memfds, xattrs, keyrings, io_uring);
 - a read-only root with `/usr` and the interpreter's prefix, with every `site-packages` and
   `dist-packages` folder, the grader's virtual environment and its working directory covered by
   empty read-only folders: no project, no workflow, no host `/tmp`, `/dev/shm` or `/run`;
