@@ -23,14 +23,17 @@ SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 PYTHONPATH = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
 shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
-from atlas.config import parse_config
+from atlas.config import check_yaml_files, parse_config
 from atlas.runtime.tools import check_runtime_bounds
 
 
 configfile: "config/config.yaml"
 
 
-# Pydantic first, for messages that name the key path; then the generated JSON schema.
+# Pydantic first, for messages that name the key path; then the generated JSON schema. Each
+# config file is read again by the project's loader first: Snakemake's keeps the last of two
+# equal keys, atlas.config refuses them naming the key and line.
+check_yaml_files(workflow.configfiles)
 ATLAS = parse_config(config, "(snakemake config)")
 JOB_THREADS = ATLAS.resources.threads or workflow.cores  # threads of each model job
 validate(config, "config/schema.json", set_default=False)

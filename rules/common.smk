@@ -31,6 +31,14 @@ TRAIN_MODULE = {"local": "atlas.stages.train", "verl": "atlas.stages.train_verl"
 ]
 
 
+# How a training job starts: one process, or N data-parallel ranks under torchrun (the local
+# trainer only; resources.gpus, or resources.ranks on a CPU). --standalone picks a free port.
+TRAIN_RANKS = ATLAS.resources.world_size if ATLAS.training.engine == "local" else 1
+TRAIN_LAUNCH = (
+    "python" if TRAIN_RANKS == 1 else f"torchrun --standalone --nproc-per-node {TRAIN_RANKS}"
+)
+
+
 # The training runs of the config (the training smoke and the arms), one job each.
 TRAINING_RUNS = sorted(ATLAS.training.runs)
 

@@ -1,5 +1,29 @@
 # The report folder: the six tables, the records, the figures and the dataset card. It reads the
 # finished run, check and validation folders, and is the only job that writes inside results/report25.
+# `snakemake --report results/report25.html` shows its figures and tables (captions in
+# report/caption.rst, one category per stage) beside the workflow's description and run statistics.
+
+
+report: "../report/workflow.rst"
+
+
+# The stage each figure and table of the report folder belongs to: its category in the report.
+REPORT_STAGES = {
+    "figure": {
+        "step_metrics": "Training",
+        "call_advantage": "Training",
+        "validation_curves": "Validation",
+        "perf_stack": "Performance",
+    },
+    "table": {
+        "step_metrics_by_run": "Training",
+        "arms_step_metrics": "Training",
+        "arms_call_advantage": "Training",
+        "full_validation_views": "Validation",
+        "arms_validation_curve": "Validation",
+        "perf_stack": "Performance",
+    },
+}
 
 
 rule report:
@@ -16,7 +40,14 @@ rule report:
         ),
         code=code("atlas.stages.report"),
     output:
-        directory("results/report25"),
+        report(
+            directory("results/report25"),
+            patterns=["figures/{figure}.png", "tables/{table}.csv"],
+            caption="../report/caption.rst",
+            # wildcards: figure=<name> for a figure, table=<name> for a table
+            category=lambda w: next(REPORT_STAGES[k][v] for k, v in w.items()),
+            subcategory=lambda w: "Figures" if "figure" in w.keys() else "Tables",
+        ),
     log:
         "results/logs/report.log",
     conda:

@@ -30,8 +30,9 @@ rule train:
         slice=lambda wc: canonical_json(config_slice(ATLAS, "training", wc.run)),
         snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
         module=TRAIN_MODULE,
+        launch=TRAIN_LAUNCH,  # ranks share the job's threads (atlas.rl.distributed.start)
     shell:
-        "OMP_NUM_THREADS={threads} python -m {params.module} --config-slice {params.slice:q} --train {input.train}"
+        "OMP_NUM_THREADS={threads} {params.launch} -m {params.module} --config-slice {params.slice:q} --train {input.train}"
         " --val {input.val} --tests {input.tests} --model {input.model} {params.snapshot}"
         " --checkpoints results/checkpoints/{wildcards.run} --out {output} > {log} 2>&1"
 

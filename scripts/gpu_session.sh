@@ -10,11 +10,26 @@
 #   cd DIR && bash scripts/gpu_session.sh bench   there: install the wheels, then the GPU tests,
 #                                            the 8B update benchmark and the 1.7B rollout
 #                                            benchmark; everything printed and written lands in $OUT
+#   bash scripts/gpu_session.sh pack-pipeline DIR   here: DIR gets the pipeline (Snakefile, rules,
+#                                            profiles, config, src, fixtures) and the wheelhouse of
+#                                            scripts/wheels/h200-pipeline.txt, split into
+#                                            DIR/whl/part-N folders of at most 60 MiB (one call each)
+#   cd DIR && bash scripts/gpu_session.sh stage   there: keep this call's wheel parts in
+#                                            /tmp/wheelhouse for the next call
+#   cd DIR && bash scripts/gpu_session.sh pipeline   there: install the wheelhouse offline, run
+#                                            snakemake --cores all on config/h200.yaml (plus any
+#                                            ATLAS_CONFIGS) to results/report25/, and put the
+#                                            report folder, the job logs and snakemake's log in $OUT
 #
 # The device tool sends /work/main's tree: DIR is /work/main/.dev/gpu (git-ignored there), named
 # in the call's carry, and the call's command is
 #   cd .dev/gpu && OUT=$OUT bash scripts/gpu_session.sh bench 2>&1 | tee $OUT/log
-# The figures in docs/performance.md came from that call.
+# The figures in docs/performance.md came from that call. The pipeline's wheels pass one call's
+# 64 MiB, so it takes one call per part, back to back while the machine is held: DIR is
+# /work/main/.dev/h200pipe, and
+#   carry whl/part-1 + scripts:          cd .dev/h200pipe && bash scripts/gpu_session.sh stage
+#   carry whl/part-2 + code + scripts:   cd .dev/h200pipe && OUT=$OUT bash scripts/gpu_session.sh pipeline 2>&1 | tee $OUT/log
+# resources/runs/h200/ holds what that wrote.
 set -uo pipefail
 what=${1:-bench}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,8 +52,64 @@ if [[ $what == pack ]]; then
   exit 0
 fi
 
+if [[ $what == pack-pipeline ]]; then
+  dir=${2:?pack-pipeline DIR}
+  mkdir -p "$dir/whl/all"
+  rm -rf "$dir/code" && mkdir -p "$dir/code/resources"
+  cp -r "$here/Snakefile" "$here/rules" "$here/profiles" "$here/envs" "$here/config" "$here/src" \
+    "$here/pyproject.toml" "$dir/code/"
+  cp -r "$here/resources/fixtures" "$dir/code/resources/"
+  mkdir -p "$dir/scripts" && cp "$here/scripts/gpu_session.sh" "$dir/scripts/"
+  find "$dir/code" -name __pycache__ -prune -exec rm -rf {} + ; rm -rf "$dir"/code/src/*.egg-info
+  wheels=$(grep -v '^#' "$here/scripts/wheels/h200-pipeline.txt")
+  binary=$(grep -v '^connection-pool' <<<"$wheels")
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dir/whl/all" $binary || exit 1
+  # published as an sdist only: a pure-Python package, so a py3-none-any wheel built here runs there
+  python3 -m pip wheel -q --no-deps -w "$dir/whl/all" $(grep '^connection-pool' <<<"$wheels") || exit 1
+  # each call carries at most 64 MiB: largest wheels first, into parts of at most 60 MiB
+  rm -rf "$dir"/whl/part-*
+  part=1 size=0
+  for f in $(ls -S "$dir/whl/all"); do
+    n=$(stat -c %s "$dir/whl/all/$f")
+    if (( size + n > 60 * 1024 * 1024 && size > 0 )); then part=$((part + 1)) size=0; fi
+    mkdir -p "$dir/whl/part-$part" && ln "$dir/whl/all/$f" "$dir/whl/part-$part/$f" && size=$((size + n))
+  done
+  du -sh "$dir"/whl/part-* "$dir/code"
+  exit 0
+fi
+
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+
+if [[ $what == stage ]]; then
+  mkdir -p /tmp/wheelhouse && cp whl/part-*/*.whl /tmp/wheelhouse/ && ls /tmp/wheelhouse | wc -l
+  exit 0
+fi
+
+if [[ $what == pipeline ]]; then
+  mkdir -p /tmp/wheelhouse && cp whl/part-*/*.whl /tmp/wheelhouse/ 2>/dev/null
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    /tmp/wheelhouse/*.whl || exit 1
+  # the rules call `python` and `torchrun` from PATH: the image's venv has both
+  export PYTHONPATH=/tmp/site:$PWD/code/src PYTHONUNBUFFERED=1
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.txt"
+  cd code || exit 1
+  configs="config/h200.yaml ${ATLAS_CONFIGS:-}"
+  start=$(date +%s)
+  # --configfile takes several files: the options after it end the list before the target
+  timeout "${ATLAS_PIPELINE_S:-540}" python3 -m snakemake --configfile $configs --cores all \
+    --keep-going results/report25/
+  echo "snakemake rc=$? after $(( $(date +%s) - start )) s"
+  last=$(ls -t .snakemake/log/*.snakemake.log 2>/dev/null | head -1)
+  [[ -n $last ]] && cp "$last" "$OUT/snakemake.log"
+  tar -czf "$OUT/logs.tgz" results/logs 2>/dev/null
+  [[ -d results/report25 ]] && tar -czf "$OUT/report25.tgz" -C results report25
+  ls -la "$OUT"
+  exit 0
+fi
+
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 quiet() { grep -v -i "warn\|softmax\|inductor\|important use\|^$"; }

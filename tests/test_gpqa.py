@@ -143,3 +143,32 @@ def test_truncated_row_has_too_few_fields(fixture_copy):
     assert str(err.value) == (
         f"{path}, row 24: 7 fields, the header has 21; the file may be truncated; expected 21 fields per row"
     )
+
+
+def test_correct_answer_equal_to_an_incorrect_one_is_refused(fixture_copy):
+    def same(header, rows):
+        # the same words with other spacing and a line break: still the same answer
+        answer = rows[5][header.index("Correct Answer")]
+        rows[5][header.index("Incorrect Answer 2")] = "  " + answer.replace(" ", "\r\n  ", 1) + " "
+        return header, rows
+
+    path = _break(fixture_copy, same)
+    with pytest.raises(DataError) as err:
+        read_gpqa(path, "train")
+    msg = str(err.value)
+    assert msg.startswith(f"{path}, row 6: 'Correct Answer' equals 'Incorrect Answer 2' ")
+    assert msg.endswith("expected a correct answer that differs from every incorrect one")
+
+
+def test_line_endings_inside_fields_are_normalised(fixture_copy):
+    def multiline(header, rows):
+        rows[0][header.index("Question")] = "First line.\r\nSecond line.\rThird line."
+        rows[0][header.index("Incorrect Answer 1")] = "two\r\nlines"
+        return header, rows
+
+    path = _break(fixture_copy, multiline)  # write_csv ends rows with \r\n too
+    assert b"First line.\r\nSecond line.\rThird" in path.read_bytes()
+    q = read_gpqa(path, "train")[0]
+    assert q.question == "First line.\nSecond line.\nThird line."
+    assert "two\nlines" in q.options
+    assert not any("\r" in o for q in read_gpqa(path, "train") for o in [q.question, *q.options])

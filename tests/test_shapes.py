@@ -7,6 +7,7 @@ import pytest
 import torch
 import xgrammar as xgr
 from pydantic import ValidationError
+from transformers import AutoModelForCausalLM
 
 from atlas.chat import CALL_CLOSE, CALL_OPEN, IM_END
 from atlas.config import ModelConfig
@@ -83,6 +84,20 @@ def test_shape_model_is_seeded_padded_and_accepted_by_xgrammar(small_tokenizer):
     xgr.TokenizerInfo.from_huggingface(
         small_tokenizer, vocab_size=704, stop_token_ids=[a.config.eos_token_id]
     )
+
+
+def test_a_bf16_shape_reloaded_from_disk_gives_the_same_logits(small_tokenizer, tmp_path):
+    # build_tiny_model refuses a model whose reloaded copy differs; the rotary frequencies must
+    # stay float32 in memory as they do in from_pretrained
+    model = shape_model(SMALL | {"tie_word_embeddings": True}, small_tokenizer, seed=0)  # as 1.7B
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    ids = torch.tensor([small_tokenizer.encode("hello world, the sixth word")])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, reloaded(input_ids=ids).logits)
 
 
 def test_shape_and_tokenizer_are_for_built_models_only():

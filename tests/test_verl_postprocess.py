@@ -14,14 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 if not os.environ.get("ATLAS_REQUIRE_VERL"):
-    pytest.importorskip("transfer_queue")
+    pytest.importorskip("transfer_queue", reason="TransferQueue comes with the verl environment")
 
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
 from test_verl_agent_loop import STEP, _cfg, _loop, _play  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402

@@ -27,12 +27,12 @@ STAGES = {
 }
 
 
-def _verify(paths: list[str], skip_sources: bool) -> int:
+def _verify(paths: list[str], skip_sources: bool, no_cache: bool = False) -> int:
     from atlas.hashing import verify
 
     failed = 0
     for path in paths:
-        problems = verify(path, check_sources=not skip_sources)
+        problems = verify(path, check_sources=not skip_sources, cache=not no_cache)
         for p in problems:
             print(f"MISMATCH {p}")
         print(f"{'ok' if not problems else 'FAILED'} {path}")
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("verify", help="recompute a folder's MANIFEST.json and name every mismatch")
     v.add_argument("paths", nargs="+")
     v.add_argument("--skip-sources", action="store_true", help="check only the folder's own files")
+    v.add_argument("--no-cache", action="store_true", help="hash every file again (no cached hashes)")
     s = sub.add_parser("schema", help="print the config JSON schema")
     s.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated schema")
     c = sub.add_parser("config", help="validate a config file")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "verify":
-        return _verify(args.paths, args.skip_sources)
+        return _verify(args.paths, args.skip_sources, args.no_cache)
     if args.command == "schema":
         return _schema(args.check)
     if args.command == "config":

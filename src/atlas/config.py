@@ -14,18 +14,27 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from atlas.errors import InputError
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a typo in a config key must not be silently ignored."""
+    """Unknown keys are errors: a typo in a config key must not be silently ignored. Values are
+    strictly typed ("2" is no int, true no number) and numbers finite (.inf and .nan refused)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+def _list_as_tuple(value: Any) -> Any:
+    """YAML and JSON have no tuples: a list of the right items is read as one (items stay strict)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+FloatPair = Annotated[tuple[float, float], BeforeValidator(_list_as_tuple)]
 
 
 class SourceFiles(_Strict):
@@ -191,7 +200,7 @@ class PPOConfig(_Strict):
     actor_lr: float = Field(default=1e-6, gt=0, description="AdamW learning rate of the actor LoRA.")
     critic_lr: float = Field(default=1e-5, gt=0, description="AdamW learning rate of the critic LoRA + head.")
     weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    betas: FloatPair = Field(default=(0.9, 0.999), description="AdamW betas.")
     eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear LR warm-up, in optimizer steps.")
     lr_schedule: Literal["constant", "cosine"] = Field(
@@ -517,12 +526,28 @@ class ResourcesConfig(_Strict):
         "nothing.",
     )
 
+    ranks: int | None = Field(
+        default=None,
+        ge=1,
+        description="Data-parallel ranks of each training job (torchrun processes, each rolling out "
+        "its share of a step's questions, then one synced update). null: one per GPU on cuda "
+        "(`gpus`), one process on cpu; on cpu a number runs that many gloo ranks. On cuda it must "
+        "equal `gpus`: one rank per GPU.",
+    )
+
+    @property
+    def world_size(self) -> int:
+        """The training job's rank count (1: a plain process, no torchrun)."""
+        return self.ranks or max(1, self.gpus)
+
     @model_validator(mode="after")
     def _gpus_need_cuda(self) -> ResourcesConfig:
         if self.gpus > 0 and self.device != "cuda":
             raise ValueError("gpus > 0 needs device: cuda")
         if self.device == "cuda" and self.gpus == 0:
             raise ValueError("device: cuda needs gpus >= 1")
+        if self.device == "cuda" and self.ranks is not None and self.ranks != self.gpus:
+            raise ValueError(f"ranks {self.ranks} with gpus {self.gpus}: on cuda each rank has one GPU")
         return self
 
 
@@ -580,12 +605,25 @@ class ConfigError(InputError):
     """A config that does not satisfy the models; the message names every bad key path."""
 
 
+def _hint(value: Any) -> str:
+    """Why a value that looks right is refused: the config is strictly typed."""
+    if isinstance(value, bool):
+        return ": a boolean, not a number"
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return ": a string; write the number unquoted (YAML reads 1e-6 as a string: write 1.0e-6)"
+    return ""
+
+
 def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "<root>"
         scalar = e["type"] != "missing" and not isinstance(e["input"], (dict, list))
-        got = f" (got {e['input']!r})" if scalar else ""
+        got = f" (got {e['input']!r}{_hint(e['input'])})" if scalar else ""
         lines.append(f"  {path}: {e['msg']}{got}")
     return "\n".join(lines)
 
@@ -597,9 +635,48 @@ def parse_config(raw: dict[str, Any], source: str = "<config>") -> AtlasConfig:
         raise ConfigError(format_validation_error(err, source)) from None
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping holding one key twice (safe_load keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        self.flatten_mapping(node)  # merge keys (<<) may be overridden; written-out keys may not
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"{key_node.start_mark.name}, line {line}: duplicate key {key!r} (first at line "
+                    f"{seen[key]}); expected each key once per mapping"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file the project reads: safe types only, a duplicated key refused naming key and line."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    loader = UniqueKeyLoader(text)
+    loader.name = str(path)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    finally:
+        loader.dispose()
+
+
+def check_yaml_files(paths: list[str | Path]) -> None:
+    """Read each config file Snakemake loaded with read_yaml (Snakemake's own loader keeps the last
+    of two equal keys)."""
+    for p in paths:
+        read_yaml(p)
+
+
 def load_config(path: str | Path) -> AtlasConfig:
     path = Path(path)
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid config {path}: expected a mapping at the top level")
     return parse_config(raw, str(path))
@@ -638,7 +715,9 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
     dumped = config.model_dump(mode="json")
     out = {key: dumped[key] for key in STAGE_SLICES[stage]}
     if "resources" in out:
-        out["resources"] = {k: v for k, v in out["resources"].items() if k != "threads"}
+        # threads schedule jobs; ranks shape the training job (the checks read the run's slice)
+        dropped = ("threads",) if stage in ("training", "checks") else ("threads", "ranks")
+        out["resources"] = {k: v for k, v in out["resources"].items() if k not in dropped}
     if stage in ("training", "checks", "dose_step", "validation"):
         training = dict(out["training"])
         runs, dose = training.pop("runs"), training.pop("dose_step")

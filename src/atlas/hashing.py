@@ -2,7 +2,13 @@
 
 Every output folder of the pipeline carries a MANIFEST.json: the sha256 and size of each file it
 holds, and the hashes of the inputs, code and config slice that made it. `python -m atlas verify
-PATH` recomputes them and names every mismatch (exit status 1).
+PATH` recomputes them and names every mismatch (exit status 1). Every stage checks the folders it
+reads with the same `verify` before it opens them (atlas.stage).
+
+Hashes of large files are cached in the manifest's folder (HASH_CACHE), keyed by the file's size,
+mtime_ns, ctime_ns and inode: any write to a file changes its ctime (which no user call can set
+back), so a cached hash is never trusted across a content change, and a copied folder (new
+inodes) is hashed again.
 """
 
 from __future__ import annotations
@@ -19,9 +25,17 @@ from typing import Any
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = "atlas.manifest/1"
-# Bookkeeping that is not content: Snakemake's marker in directory outputs.
-IGNORED_NAMES = frozenset({".snakemake_timestamp"})
+HASH_CACHE = ".atlas-hashes.json"
+HASH_CACHE_FORMAT = "atlas.hashes/1"
+# Bookkeeping that is not content: Snakemake's marker in directory outputs, the hash cache.
+IGNORED_NAMES = frozenset({".snakemake_timestamp", HASH_CACHE})
 _CHUNK = 1 << 20
+CACHED_SIZE = 1 << 20  # smaller files are hashed again: that costs less than a cache entry
+
+
+def is_bookkeeping(name: str) -> bool:
+    """Names in a folder that are not its content (the cache's temporary file included)."""
+    return name in IGNORED_NAMES or name.startswith(f".{HASH_CACHE}.")
 
 
 def _umask() -> int:
@@ -51,7 +65,7 @@ def tree_files(root: str | Path) -> list[str]:
     """Every regular file under root, as sorted POSIX paths relative to root (bookkeeping aside)."""
     root = Path(root)
     return sorted(
-        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name not in IGNORED_NAMES
+        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and not is_bookkeeping(p.name)
     )
 
 
@@ -160,38 +174,111 @@ def write_manifest(folder: str | Path, **kwargs: Any) -> dict[str, Any]:
     return manifest
 
 
-def verify(path: str | Path, *, check_sources: bool = True) -> list[str]:
+class HashCache:
+    """sha256 of a folder's large files, kept in folder/HASH_CACHE between processes.
+
+    An entry holds (size, mtime_ns, ctime_ns, inode) with the hash; it is used only while all four
+    still match the file. Saving is best effort (a read-only folder keeps no cache), atomic, and
+    merges with what another process saved meanwhile."""
+
+    def __init__(self, folder: Path, enabled: bool = True) -> None:
+        self.path, self.enabled = folder / HASH_CACHE, enabled
+        self.entries: dict[str, list] = self._read() if enabled else {}
+        self.added: dict[str, list] = {}
+
+    def _read(self) -> dict[str, list]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        ok = isinstance(data, dict) and data.get("format") == HASH_CACHE_FORMAT
+        return data.get("files", {}) if ok and isinstance(data.get("files"), dict) else {}
+
+    @staticmethod
+    def _key(st: os.stat_result) -> list[int]:
+        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+    def sha256(self, name: str, file: Path) -> str:
+        st = file.stat()
+        if not self.enabled or st.st_size < CACHED_SIZE:
+            return sha256_file(file)
+        key = self._key(st)
+        entry = self.entries.get(name)
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == key:
+            return entry[1]
+        digest = sha256_file(file)
+        if self._key(file.stat()) == key:  # not written to while it was read
+            self.added[name] = [key, digest]
+        return digest
+
+    def save(self) -> None:
+        if not self.added:
+            return
+        try:
+            files = {**self._read(), **self.added}
+            atomic_write_json(self.path, {"format": HASH_CACHE_FORMAT, "files": files})
+        except OSError:
+            pass
+
+
+def _read_manifest(manifest_path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    if not manifest_path.is_file():
+        return None, f"{manifest_path}: no manifest"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        return None, f"{manifest_path}: not valid JSON ({err})"
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        return None, f"{manifest_path}: not an {MANIFEST_FORMAT} manifest"
+    if not isinstance(manifest.get("files"), dict):
+        return None, f"{manifest_path}: no files block"
+    return manifest, None
+
+
+def verify(
+    path: str | Path,
+    *,
+    check_sources: bool = True,
+    only: Iterable[str] | None = None,
+    cache: bool = True,
+) -> list[str]:
     """Recompute a manifest; return one line per mismatch (empty when everything matches).
 
     Checks every listed file (missing, size, sha256), files present but not listed, the config
     hash, and, with `check_sources`, the inputs and code files the manifest names (relative to
-    the working directory), which tells whether the folder is stale.
+    the working directory), which tells whether the folder is stale. With `only` (names relative
+    to the folder), just those files: each must be listed and match. `cache` uses and updates
+    the folder's hash cache (see HashCache).
     """
     path = Path(path)
     manifest_path = path if path.name == MANIFEST else path / MANIFEST
     folder = manifest_path.parent
-    if not manifest_path.is_file():
-        return [f"{manifest_path}: no manifest"]
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return [f"{manifest_path}: not valid JSON ({err})"]
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        return [f"{manifest_path}: not an {MANIFEST_FORMAT} manifest"]
+    manifest, problem = _read_manifest(manifest_path)
+    if manifest is None:
+        return [problem]
 
     problems: list[str] = []
-    listed = manifest.get("files", {})
-    for name, entry in sorted(listed.items()):
+    listed = manifest["files"]
+    hashes = HashCache(folder, enabled=cache)
+    names = sorted(listed) if only is None else sorted(set(only))
+    for name in names:
         f = folder / name
+        entry = listed.get(name)
+        if entry is None:
+            problems.append(f"{f}: not in the manifest {manifest_path}")
+            continue
         if not f.is_file():
             problems.append(f"{f}: missing")
             continue
         size = f.stat().st_size
         if size != entry["size"]:
             problems.append(f"{f}: size {size}, manifest says {entry['size']}")
-        digest = sha256_file(f)
+        digest = hashes.sha256(name, f)
         if digest != entry["sha256"]:
             problems.append(f"{f}: sha256 {digest}, manifest says {entry['sha256']}")
+    hashes.save()
+    if only is not None:
+        return problems
     for name in tree_files(folder):
         if name != MANIFEST and name not in listed:
             problems.append(f"{folder / name}: present but not in the manifest")

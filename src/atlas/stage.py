@@ -1,4 +1,12 @@
-"""What every stage's command line shares: the config slice, the output, the code it runs."""
+"""What every stage's command line shares: the config slice, the output, the code it runs.
+
+Every path argument of a stage but its outputs is an input, and is checked against the
+MANIFEST.json of the folder it lies in before the stage reads it (`verify_inputs`, the same code
+as `python -m atlas verify`): a folder argument in full, a file argument by its own entry. A
+corrupt, truncated or incomplete input stops the stage, naming the file and the folder to
+rebuild. Paths outside any manifest's folder (the user's question files, a local model) are
+read as they are.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +21,68 @@ from typing import Any
 from pydantic import ValidationError
 
 from atlas.errors import InputError
+from atlas.hashing import MANIFEST, verify
 from atlas.sources import module_files
+
+# Path arguments a stage writes, not reads: its output and a training run's checkpoint folder
+# (checked checkpoint by checkpoint on resume, atlas.rl.recovery).
+OUTPUT_ARGS = frozenset({"out", "checkpoints"})
+
+
+class CorruptInputError(InputError):
+    """An input does not match its folder's MANIFEST.json."""
+
+
+def verify_inputs(paths: list[Path]) -> None:
+    """Check each path against the manifest of its folder; raise CorruptInputError naming every
+    mismatching file and the folder to rebuild."""
+    whole: list[Path] = []
+    files: dict[Path, set[str]] = {}
+    for path in paths:
+        if path.is_dir() and (path / MANIFEST).is_file():
+            whole.append(path)
+        elif path.is_file() and path.name != MANIFEST and (path.parent / MANIFEST).is_file():
+            files.setdefault(path.parent, set()).add(path.name)
+    checks = [(folder, None) for folder in whole] + list(files.items())
+    for folder, names in checks:
+        problems = verify(folder, check_sources=False, only=names)
+        if problems:
+            listed = "\n".join(f"  {p}" for p in problems)
+            # Snakemake rebuilds a directory output by its folder, a file output by the file
+            bad = [
+                folder / n
+                for n in sorted(names or ())
+                if any(p.startswith(f"{folder / n}:") for p in problems)
+            ]
+            target = bad[0] if bad else folder
+            raise CorruptInputError(
+                f"input folder {folder} does not match its {MANIFEST}:\n{listed}\n"
+                f"rebuild {folder} before this stage reads it (snakemake --force {target})"
+            )
+
+
+class StageParser(argparse.ArgumentParser):
+    """An ArgumentParser whose parse_args verifies every input path (see the module docstring)."""
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed = super().parse_args(args, namespace)
+        verify_inputs(input_paths(self, parsed))
+        return parsed
+
+
+def input_paths(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> list[Path]:
+    """The values of the parser's Path arguments that are not outputs, in argument order."""
+    out: list[Path] = []
+    for action in parser._actions:
+        if action.type is not Path or action.dest in OUTPUT_ARGS:
+            continue
+        value = getattr(parsed, action.dest, None)
+        out.extend(value if isinstance(value, list) else [] if value is None else [value])
+    return out
 
 
 def stage_parser(description: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
+    parser = StageParser(description=description)
     parser.add_argument(
         "--config-slice",
         required=True,

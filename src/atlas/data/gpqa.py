@@ -35,6 +35,16 @@ def option_permutation(record_id: str) -> list[int]:
     return sorted(range(4), key=key)
 
 
+def normalise_newlines(text: str) -> str:
+    """CRLF and lone CR inside a field become LF."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def same_answer(a: str, b: str) -> bool:
+    """Two answers that read the same once runs of whitespace are one space (and case kept)."""
+    return " ".join(a.split()) == " ".join(b.split())
+
+
 def read_gpqa(path: str | Path, split: str) -> list[Question]:
     path = str(path)
     if Path(path).stat().st_size == 0:
@@ -72,7 +82,8 @@ def read_gpqa(path: str | Path, split: str) -> list[Question]:
                 f"{len(row)} fields, the header has {len(header)}; the file may be truncated",
                 f"{len(header)} fields per row",
             )
-        value = {name: row[i].strip() for name, i in col.items()}
+        # Line endings inside a field are one "\n" whatever the file's own line endings are.
+        value = {name: normalise_newlines(row[i]).strip() for name, i in col.items()}
         for name in REQUIRED_COLUMNS:
             if not value[name]:
                 raise DataError(path, where, f"empty {name!r}", "a non-empty value")
@@ -87,6 +98,15 @@ def read_gpqa(path: str | Path, split: str) -> list[Question]:
         first_row_of[record_id] = n
 
         original = [value["Correct Answer"]] + [value[f"Incorrect Answer {k}"] for k in (1, 2, 3)]
+        for k in (1, 2, 3):
+            if same_answer(original[0], original[k]):
+                raise DataError(
+                    path,
+                    where,
+                    f"'Correct Answer' equals 'Incorrect Answer {k}' ({original[0]!r}) after "
+                    "normalising whitespace, so the question has no single right option",
+                    "a correct answer that differs from every incorrect one",
+                )
         permutation = option_permutation(record_id)
         questions.append(
             Question(

@@ -88,7 +88,11 @@ def shape_model(
     config = shape_config(dims, tokenizer, max_position_embeddings)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3ForCausalLM(config).to(dtype)
+        model = Qwen3ForCausalLM(config)
+    # the weights in `dtype`, the rotary frequencies (buffers) left in float32: that is what
+    # from_pretrained(dtype=...) gives, so the model reloaded from disk computes the same logits
+    for p in model.parameters():  # a tied head is the embedding Parameter: cast once, stays tied
+        p.data = p.data.to(dtype)
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
     return model.eval()

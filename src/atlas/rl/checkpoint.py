@@ -5,9 +5,11 @@
         critic.safetensors      critic LoRA tensors and the value head
         optim_actor.safetensors AdamW moments and step counts of the actor, by parameter name
         optim_critic.safetensors
-        rng.safetensors         torch's CPU generator state (and CUDA's, when used)
-        state.json              step, optimizer param groups, scheduler states, python RNG state,
-                                the schedule position and anything else the trainer passes
+        rng.safetensors         torch's CPU generator state (and CUDA's, when used); of a
+                                data-parallel job, every rank's (`torch.rank<r>` for rank r > 0)
+        state.json              step, optimizer param groups, scheduler states, python RNG state
+                                (each rank's), the schedule position and anything else the
+                                trainer passes
         MANIFEST.json
 
 A checkpoint folder appears whole or not at all (written beside, then renamed), so the latest
@@ -75,6 +77,20 @@ def load_trainable(folder: str | Path, model: ActorCritic) -> None:
                 p.copy_(saved[name])
 
 
+def rng_state() -> dict[str, Any]:
+    """This process's random generators: torch's CPU (and CUDA's, when used) and python's."""
+    out: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state()
+    version, internal, gauss = random.getstate()
+    out["python"] = [version, list(internal), gauss]
+    return out
+
+
+def _suffix(rank: int) -> str:
+    return "" if rank == 0 else f".rank{rank}"
+
+
 def save_compact(
     root: str | Path,
     step: int,
@@ -82,8 +98,11 @@ def save_compact(
     optimizers: dict[str, torch.optim.Optimizer],
     schedulers: dict[str, Any],
     extra: dict[str, Any],
+    rngs: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Write step_<step> under root atomically; `extra` must be plain JSON (schedule position...)."""
+    """Write step_<step> under root atomically; `extra` must be plain JSON (schedule position...).
+    `rngs`: every rank's rng_state() in a data-parallel job (rank 0 writes); default this one's."""
+    rngs = rngs or [rng_state()]
     out = Path(root) / f"step_{step}"
     state: dict[str, Any] = {"step": step, "extra": extra, "param_groups": {}, "schedulers": {}}
     with atomic_dir(out) as tmp:
@@ -94,12 +113,12 @@ def save_compact(
             save_file(tensors, str(tmp / f"optim_{role}.safetensors"))
             state["param_groups"][role] = groups
             state["schedulers"][role] = schedulers[role].state_dict() if role in schedulers else None
-        rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            rng["cuda"] = torch.cuda.get_rng_state()
+        rng = {f"{k}{_suffix(r)}": v for r, one in enumerate(rngs) for k, v in one.items() if k != "python"}
         save_file(rng, str(tmp / "rng.safetensors"))
-        version, internal, gauss = random.getstate()
-        state["python_random"] = [version, list(internal), gauss]
+        state["python_random"] = rngs[0]["python"]
+        if len(rngs) > 1:  # a one-process checkpoint keeps its layout
+            state["ranks"] = len(rngs)
+            state["python_random_ranks"] = [one["python"] for one in rngs[1:]]
         (tmp / STATE).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         write_manifest(tmp, stage="compact_checkpoint", config={"step": step})
     return out
@@ -110,10 +129,15 @@ def load_compact(
     model: ActorCritic,
     optimizers: dict[str, torch.optim.Optimizer],
     schedulers: dict[str, Any],
+    rank: int = 0,
+    world: int = 1,
 ) -> dict[str, Any]:
-    """Restore tensors, optimizer and scheduler states and RNGs; return the saved state.json."""
+    """Restore tensors, optimizer and scheduler states and RNGs (rank `rank`'s of a job of `world`
+    ranks); return the saved state.json."""
     path = Path(path)
     state = json.loads((path / STATE).read_text(encoding="utf-8"))
+    if state.get("ranks", 1) != world:
+        raise ValueError(f"{path}: a checkpoint of {state.get('ranks', 1)} ranks, loaded by a job of {world}")
     load_trainable(path, model)
     for role in ROLES:
         params = model.trainable(role)
@@ -125,11 +149,11 @@ def load_compact(
         )
         if state["schedulers"][role] is not None:
             schedulers[role].load_state_dict(state["schedulers"][role])
-    rng = load_file(str(path / "rng.safetensors"))
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
-    version, internal, gauss = state["python_random"]
+    rng, mine = load_file(str(path / "rng.safetensors")), _suffix(rank)
+    torch.set_rng_state(rng[f"torch{mine}"])
+    if f"cuda{mine}" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng[f"cuda{mine}"])
+    version, internal, gauss = state["python_random"] if rank == 0 else state["python_random_ranks"][rank - 1]
     random.setstate((version, tuple(internal), gauss))
     return state
 

@@ -204,7 +204,9 @@ def assemble(
         samples = [{"step": k, "samples": _read_samples(d / "samples.json")} for k, d in enumerate(train)]
         atomic_write_json(tmp / "device_samples.json", samples)
         atomic_write_json(tmp / "checkpoints.json", checkpoint_index(root, checkpoints))
-        atomic_write_json(tmp / "run.json", run_info)
+        # checkpoints moved aside as corrupt before a resume (atlas.rl.recovery), in order
+        recovered = json.loads(rec.read_text()) if (rec := root / "recovery.json").is_file() else []
+        atomic_write_json(tmp / "run.json", {**run_info, "recovered": recovered})
         export(tmp / "adapters")
         copy_logs(root, tmp / "wandb")
         write_manifest(tmp, **manifest)

@@ -254,6 +254,16 @@ class Prepared:
 
 def prepare(ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -> Prepared:
     """Old log-probs, reference log-probs and values in micro-batches, then GAE."""
+    old_lp, ref_lp, values, metrics = forward_passes(ac, batch, ppo, temperature)
+    return advantages_of(
+        batch.rewards, batch.sampled, batch.rollout_logprobs, old_lp, ref_lp, values, ppo, metrics
+    )
+
+
+def forward_passes(
+    ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    """[B, T] old log-probs, reference log-probs and values (0 off the mask), and their timings."""
     n, mask = batch.input_ids.shape[0], batch.sampled
     chunks = micro_batches(list(range(n)), batch, ppo)
     passes = Passes.for_batch(ac, batch, ppo, temperature)
@@ -275,9 +285,27 @@ def prepare(ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -
             values[idx] = passes.values(batch.rows(idx))
         values = values * mask
         metrics["timing_s/values"] = time.perf_counter() - t
+    return old_lp, ref_lp, values, metrics
 
+
+def advantages_of(
+    batch_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    old_lp: torch.Tensor,
+    ref_lp: torch.Tensor,
+    values: torch.Tensor,
+    ppo: PPOConfig,
+    metrics: dict[str, float],
+) -> Prepared:
+    """GAE (whitened over every row) and the batch's statistics, from the batch's [B, T] rewards,
+    sampled mask and rollout log-probs and the passes' tensors. A data-parallel step calls it on
+    the gathered global batch (atlas.rl.distributed), so it whitens as one process does."""
+    n = mask.shape[0]
+    metrics = dict(metrics)
+    with torch.no_grad():
         t = time.perf_counter()
-        rewards = batch.rewards
+        rewards = batch_rewards
         if ppo.kl_mode == "reward":  # verl's apply_kl_penalty: every sampled token pays beta * KL
             kl = kl_penalty(old_lp, ref_lp, ppo.kl_kind) * mask
             rewards = rewards - ppo.kl_coef * kl
@@ -288,7 +316,7 @@ def prepare(ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -
         )
         metrics["timing_s/adv"] = time.perf_counter() - t
 
-    gap = (old_lp - batch.rollout_logprobs).abs() * mask
+    gap = (old_lp - rollout_logprobs).abs() * mask
     metrics["rollout/logprob_gap_max"] = gap.max().item()
     metrics["rollout/logprob_gap_mean"] = masked_mean(gap, mask).item()
     for name, x in (
@@ -342,6 +370,31 @@ def _role_loss(role: str, passes: Passes, sub: Batch, idx, prep: Prepared, ppo: 
     return loss, out
 
 
+class OneProcess:
+    """How the update's optimizer steps see other ranks when there are none.
+
+    The data-parallel update (atlas.rl.distributed.DataParallel) answers the same four questions
+    across ranks: which local rows make each optimizer step's mini-batch, the mini-batch's token
+    count over all ranks, how a micro-batch's forward and backward run (DDP, its gradients
+    synced after the last micro-batch only), and the loss metrics summed over ranks."""
+
+    world = 1
+
+    def mini_batches(self, n: int, mini_batches: int) -> list[list[int]]:
+        mini = -(-n // mini_batches)
+        return [list(range(start, min(n, start + mini))) for start in range(0, n, mini)]
+
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @contextlib.contextmanager
+    def micro_batch(self, role: str, last: bool):
+        yield lambda loss_fn: loss_fn()
+
+    def sums(self, sums: dict[str, float]) -> dict[str, float]:
+        return sums
+
+
 def update(
     ac: ActorCritic,
     batch: Batch,
@@ -350,15 +403,17 @@ def update(
     schedulers: dict[str, torch.optim.lr_scheduler.LRScheduler] | None,
     ppo: PPOConfig,
     temperature: float,
+    sync: OneProcess | None = None,
 ) -> dict[str, float]:
     """The critic update, then the actor update: `epochs` passes of `mini_batches` optimizer steps,
-    each accumulating micro-batch gradients weighted by their share of the mini-batch's tokens."""
-    mini = -(-batch.input_ids.shape[0] // ppo.mini_batches)
+    each accumulating micro-batch gradients weighted by their share of the mini-batch's tokens.
+    `sync` spreads each mini-batch over ranks (atlas.rl.distributed); None: one process."""
+    sync = sync or OneProcess()
     passes = Passes.for_batch(ac, batch, ppo, temperature)
     metrics: dict[str, float] = {}
     with passes.active(), _training_mode(ac):
         for role in ("critic", "actor"):
-            metrics.update(_update_role(role, passes, batch, prep, optimizers, schedulers, ppo, mini))
+            metrics.update(_update_role(role, passes, batch, prep, optimizers, schedulers, ppo, sync))
     return metrics
 
 
@@ -373,38 +428,43 @@ def _training_mode(ac: ActorCritic):
         ac.eval()
 
 
-def _update_role(role, passes, batch, prep, optimizers, schedulers, ppo, mini) -> dict[str, float]:
-    """`epochs` passes of optimizer steps of one role over mini-batches of `mini` rows."""
+def _update_role(role, passes, batch, prep, optimizers, schedulers, ppo, sync) -> dict[str, float]:
+    """`epochs` passes of optimizer steps of one role over the mini-batches `sync` cuts."""
     n, mask, ac = batch.input_ids.shape[0], batch.sampled, passes.ac
     metrics: dict[str, float] = {}
     t = time.perf_counter()
     params = list(ac.trainable(role).values())
     opt = optimizers[role]
     sums: dict[str, float] = {}
+    grad_norms = 0.0
     count = 0
     metrics[f"{role}/lr"] = opt.param_groups[0]["lr"]
     for _ in range(ppo.epochs):
-        for start in range(0, n, mini):
-            rows = list(range(start, min(n, start + mini)))
+        for rows in sync.mini_batches(n, ppo.mini_batches):
             opt.zero_grad(set_to_none=True)
-            tokens = mask[rows].sum().clamp(min=1)
-            for idx in micro_batches(rows, batch, ppo):
+            tokens = sync.total(mask[rows].sum()).clamp(min=1)  # the mini-batch's, over all ranks
+            micros = micro_batches(rows, batch, ppo)
+            for j, idx in enumerate(micros):
                 sub = batch.rows(idx)
                 weight = (mask[idx].sum() / tokens).item()  # token share of the mini-batch
                 # backward inside the role: peft clears requires_grad of inactive adapters,
-                # and autograd skips accumulating into a tensor that no longer requires grad
-                with ac.role(role):
-                    loss, out = _role_loss(role, passes, sub, idx, prep, ppo)
-                    (loss * weight).backward()
+                # and autograd skips accumulating into a tensor that no longer requires grad.
+                # The loss is scaled by the world size because data-parallel sync averages.
+                with ac.role(role), sync.micro_batch(role, last=j == len(micros) - 1) as forward:
+                    loss, out = forward(
+                        lambda sub=sub, idx=idx: _role_loss(role, passes, sub, idx, prep, ppo)
+                    )
+                    (loss * (weight * sync.world)).backward()
                 for k, v in out.items():
                     sums[k] = sums.get(k, 0.0) + float(torch.as_tensor(v).detach()) * weight
             grad_norm = torch.nn.utils.clip_grad_norm_(params, ppo.grad_clip)
             opt.step()
             if schedulers is not None:
                 schedulers[role].step()
-            sums[f"{role}/grad_norm"] = sums.get(f"{role}/grad_norm", 0.0) + grad_norm.item()
+            grad_norms += grad_norm.item()
             count += 1
-    metrics.update({k: v / count for k, v in sums.items()})
+    metrics.update({k: v / count for k, v in sync.sums(sums).items()})
+    metrics[f"{role}/grad_norm"] = grad_norms / count
     metrics[f"timing_s/update_{role}"] = time.perf_counter() - t
     return metrics
 

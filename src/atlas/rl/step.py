@@ -11,7 +11,8 @@ data) built from a run's config slice, and the command line the training-shaped 
     -> step metrics, call advantages
 
 The stage that loops over the steps (wandb, validation, checkpoints, resume) is atlas.stages.train;
-the checks stage reruns steps from checkpoints through the same function.
+the checks stage reruns steps from checkpoints through the same function. With more than one rank
+(atlas.rl.distributed) each rank rolls out its share of the step and the update is data-parallel.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ from atlas.model.liger import apply_liger, wanted
 from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
 from atlas.rl import journal
+from atlas.rl.distributed import DataParallel, Ranks, Share
 from atlas.rl.metrics import step_summary
 from atlas.rl.potentials import Potential, make_potential
-from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
+from atlas.rl.ppo import make_optimizers, make_schedulers, update
 from atlas.rl.rollout import (
     StepRollout,
     collect,
@@ -117,6 +119,8 @@ class Session:
     train_rows: list[dict]
     val_questions: list[dict]
     tests: dict
+    ranks: Ranks
+    dp: DataParallel | None  # DDP over the trainable tensors, with more than one rank
     merged: MergedModel | None = None
 
     @property
@@ -129,13 +133,14 @@ class Session:
             self.merged.refresh()
 
 
-def open_session(sl: TrainSlice, args) -> Session:
+def open_session(sl: TrainSlice, args, ranks: Ranks | None = None) -> Session:
     """The policy (fresh, seeded), its potential, optimizers and runtime, and the run's data."""
     runtime, graders, training, seed = sl.runtime, sl.graders, sl.training, sl.seed
     random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
     torch.manual_seed(seed)
     val_rows = read_questions(args.val)
-    ac, tokenizer = build_policy(args.model, training, seed, sl.resources.device)
+    ranks = ranks or Ranks()
+    ac, tokenizer = build_policy(args.model, training, seed, ranks.device(sl.resources.device))
     potential = build_potential(sl.run, ac, args.snapshot)
     optimizers = make_optimizers(ac, training.ppo)
     merged = rollout_model(ac, training, sl.resources.device)
@@ -155,6 +160,8 @@ def open_session(sl: TrainSlice, args) -> Session:
         train_rows=read_questions(args.train),
         val_questions=smoke_slice(val_rows, training.validation_questions or len(val_rows)),
         tests=read_tests(args.tests),
+        ranks=ranks,
+        dp=DataParallel(ac, ranks) if ranks.world > 1 else None,
         merged=merged,
     )
 
@@ -166,6 +173,8 @@ def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRol
         step_questions(sess.train_rows, step), sess.tests, sess.training.responses_per_question
     )
     sess.sync_rollout_model()
+    share = Share(sess.ranks, len(specs))  # each rank rolls out its share; `whole` is all of them
+    specs = share.mine(specs)
     data = collect(
         sess.rt,
         specs,
@@ -179,20 +188,30 @@ def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRol
         seed=sess.seed,
         progress=lambda m: log(sess.name, f"step {step}: {m}"),
     )
+    whole = share.gather_rollout(data)
     if journal_rollouts is not None:
-        journal_rollouts(data)
-    if data.report.violations:
-        raise SystemExit(f"{sess.name} step {step}: {data.report.violations} protocol violations")
-    prep = prepare(sess.ac, data.batch, sess.ppo, sess.runtime.temperature)
+        journal_rollouts(whole)
+    if whole.report.violations:
+        raise SystemExit(f"{sess.name} step {step}: {whole.report.violations} protocol violations")
+    prep = share.prepare(sess.ac, data.batch, sess.ppo, sess.runtime.temperature)
     fill_records(data.episodes, prep)
+    whole = share.gather_rollout(data)
     if journal_rollouts is not None:
-        journal_rollouts(data)
-    metrics = {**data.timings, **prep.metrics}
+        journal_rollouts(whole)
+    metrics = {**whole.timings, **prep.metrics}
+    sync = sess.dp.step(share, sess.ppo.mini_batches) if sess.dp is not None else None
     metrics.update(
         update(
-            sess.ac, data.batch, prep, sess.optimizers, sess.schedulers, sess.ppo, sess.runtime.temperature
+            sess.ac,
+            data.batch,
+            prep,
+            sess.optimizers,
+            sess.schedulers,
+            sess.ppo,
+            sess.runtime.temperature,
+            sync,
         )
     )
-    metrics.update(step_summary(data.episodes, data.report))
+    metrics.update(step_summary(whole.episodes, whole.report))
     metrics["training/global_step"] = float(step + 1)
-    return data, metrics
+    return whole, metrics

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from atlas.data.schema import TestCase
+from atlas.hashing import is_bookkeeping
 from atlas.stage import stage_parser
 
 
@@ -23,7 +24,7 @@ def rollout_parser(description: str) -> argparse.ArgumentParser:
 
 def model_files(model_dir: str | Path) -> list[Path]:
     """The model folder's files, for a manifest's inputs: a rebuilt model makes the run stale."""
-    return sorted(p for p in Path(model_dir).rglob("*") if p.is_file() and p.name != ".snakemake_timestamp")
+    return sorted(p for p in Path(model_dir).rglob("*") if p.is_file() and not is_bookkeeping(p.name))
 
 
 def training_parser(description: str) -> argparse.ArgumentParser:

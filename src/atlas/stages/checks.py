@@ -54,7 +54,7 @@ from atlas.checks.roundtrip import (
     probes,
 )
 from atlas.config import ChecksSlice
-from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
+from atlas.hashing import atomic_dir, atomic_write_json, is_bookkeeping, write_manifest
 from atlas.rl.checkpoint import load_trainable
 from atlas.rl.step import build_policy, open_session, train_step
 from atlas.runtime.inputs import training_inputs, training_parser
@@ -201,7 +201,10 @@ def main(argv: list[str] | None = None) -> None:
         write_manifest(
             tmp,
             stage=f"checks/{name}",
-            inputs=[*training_inputs(args), *sorted(p for p in folder.rglob("*") if p.is_file())],
+            inputs=[
+                *training_inputs(args),
+                *sorted(p for p in folder.rglob("*") if p.is_file() and not is_bookkeeping(p.name)),
+            ],
             code=code_files(MODULE),
             config=s,
         )

@@ -6,6 +6,8 @@ validates every k steps, saves compact checkpoints, logs to wandb and assembles 
 
 With resume_mode auto a rerun continues after the latest complete checkpoint of the same config
 and inputs (see atlas.rl.journal), and on CPU ends with the same bytes as an uninterrupted run.
+With resources.gpus (or resources.ranks on a CPU) N > 1 the rule starts N data-parallel ranks
+under torchrun (atlas.rl.distributed); rank 0 writes the journal, checkpoints and run folder.
 
     python -m atlas.stages.train --config-slice '{...}' --train results/data/train.parquet \
         --val results/data/val.parquet --tests results/data/tests.parquet \
@@ -22,8 +24,9 @@ from tqdm import tqdm
 
 from atlas.config import TrainSlice
 from atlas.hashing import sha256_file
-from atlas.rl import journal, regrade, tracking
-from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, save_compact
+from atlas.rl import distributed, journal, recovery, regrade, runlock, tracking
+from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, rng_state, save_compact
+from atlas.rl.distributed import Share
 from atlas.rl.journal import checkpoint_points, validation_points
 from atlas.rl.metrics import call_advantages
 from atlas.rl.sampler import DeviceSampler
@@ -41,12 +44,21 @@ def main(argv: list[str] | None = None) -> None:
     sl = TrainSlice.model_validate(s)
     name, training = sl.run.name, sl.training
     root = args.checkpoints
+    ranks = distributed.start(sl.resources)
+    if ranks.main:
+        runlock.guard(root, name)  # one writer per run folder, dying with its parent
 
     # The working folder: same config and inputs -> keep (resume); else move the old work aside.
     fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in training_inputs(args)}}
-    digest = journal.open_root(root, fingerprint, training.resume_mode, name)
-    sess = open_session(sl, args)
+    digest = journal.open_root(root, fingerprint, training.resume_mode, name) if ranks.main else ""
+    if ranks.main and training.resume_mode == "auto":  # bad checkpoints aside: resume from the last good one
+        recovery.check_checkpoints(root, name)
+    ranks.barrier()
+    sess = open_session(sl, args, ranks)
     steps = sess.steps
+
+    def load(k: int) -> None:  # every rank loads the shared tensors and its own RNG state
+        load_compact(root / f"step_{k}", sess.ac, sess.optimizers, sess.schedulers, ranks.rank, ranks.world)
 
     points = validation_points(steps, training.validation_every)
     wandb_run = None
@@ -55,12 +67,21 @@ def main(argv: list[str] | None = None) -> None:
         t = time.perf_counter()
         specs = episode_specs(sess.val_questions, sess.tests, training.validation_samples)
         sess.sync_rollout_model()
+        share = Share(ranks, len(specs))  # each rank validates its share; rank 0 journals all
         episodes = rollout(
-            sess.rt, specs, sess.runtime, sess.graders, run=name, step=done, phase="val", seed=sess.seed
+            sess.rt,
+            share.mine(specs),
+            sess.runtime,
+            sess.graders,
+            run=name,
+            step=done,
+            phase="val",
+            seed=sess.seed,
         )
-        report = check_protocol(sess.rt, episodes, sess.runtime)
+        episodes, report = share.gather_episodes(episodes, check_protocol(sess.rt, episodes, sess.runtime))
         rows = validation_rows(episodes, run=name, step=done)
-        journal.write_validation(root, done, episodes, report, rows, run=name)
+        if ranks.main:
+            journal.write_validation(root, done, episodes, report, rows, run=name)
         by = {r["source"]: r for r in rows}
         log(
             name,
@@ -76,43 +97,62 @@ def main(argv: list[str] | None = None) -> None:
     # Resume (resume_mode auto) after re-grading the journal with the current graders (atlas.rl.regrade).
     start, plan, aside = 0, None, None
     if training.resume_mode == "auto" and (saved := checkpoint_steps(root)):
-        questions = {q["question_uid"]: q for q in (*sess.train_rows, *sess.val_questions)}
-        plan = regrade.plan_resume(
-            root,
-            saved[-1],
-            saved,
-            points,
-            lambda folder: regrade.regrade_folder(folder, questions, sess.tests, sess.runtime, sess.graders),
-        )
-        aside = regrade.supersede(root, plan, saved, points)
-        log(name, "re-graded the journal", **regrade.brief(plan), moved_aside=aside)
+        if ranks.main:  # rank 0 re-grades and moves superseded work aside; every rank follows
+            questions = {q["question_uid"]: q for q in (*sess.train_rows, *sess.val_questions)}
+            plan = regrade.plan_resume(
+                root,
+                saved[-1],
+                saved,
+                points,
+                lambda folder: regrade.regrade_folder(
+                    folder, questions, sess.tests, sess.runtime, sess.graders
+                ),
+            )
+            aside = regrade.supersede(root, plan, saved, points)
+            log(name, "re-graded the journal", **regrade.brief(plan), moved_aside=aside)
+        plan, aside = ranks.broadcast((plan, aside))
         for j in plan.revalidate:  # ascending: 0 runs on the fresh policy, before any load
             if j > 0:
-                load_compact(root / f"step_{j}", sess.ac, sess.optimizers, sess.schedulers)
+                load(j)
             validate(j)
         start = plan.start
         if start > 0:
-            load_compact(root / f"step_{start}", sess.ac, sess.optimizers, sess.schedulers)
+            load(start)
             log(name, "resuming", checkpoint=root / f"step_{start}", steps_done=start, of=steps)
-    wandb_run = tracking.start(
-        root,
-        mode=training.wandb_mode,
-        project=training.wandb_project,
-        run_id=f"{name}-{digest[:12]}",  # one wandb run per run and fingerprint, across resumes
-        name=name,
-        config=s,
+    wandb_run = (
+        None
+        if not ranks.main
+        else tracking.start(
+            root,
+            mode=training.wandb_mode,
+            project=training.wandb_project,
+            run_id=f"{name}-{digest[:12]}",  # one wandb run per run and fingerprint, across resumes
+            name=name,
+            config=s,
+        )
     )
     if aside is not None and wandb_run is not None:
         replay_journal(wandb_run, root, start, points)
     if start == 0:
         validate(0)
-    bar = tqdm(total=steps, initial=start, desc=name, file=sys.stderr, mininterval=0, ascii=True)
-    sampler = DeviceSampler().start()  # a daemon thread: it dies with the job on a crash
+    bar = tqdm(
+        total=steps,
+        initial=start,
+        desc=name,
+        file=sys.stderr,
+        mininterval=0,
+        ascii=True,
+        disable=not ranks.main,
+    )
+    sampler = DeviceSampler()
+    if ranks.main:
+        sampler.start()  # a daemon thread: it dies with the job on a crash
     for step in range(start, steps):
         t_step = time.perf_counter()
 
         def journal_rollouts(data, step=step):
-            journal.write_step_rollouts(root, step, data.episodes, data.report, run=name)
+            if ranks.main:
+                journal.write_step_rollouts(root, step, data.episodes, data.report, run=name)
 
         data, metrics = train_step(sess, step, journal_rollouts)
         done = step + 1
@@ -120,10 +160,16 @@ def main(argv: list[str] | None = None) -> None:
             validate(done)
         if done in checkpoint_points(steps, training.checkpoint_every):
             t = time.perf_counter()
-            save_compact(root, done, sess.ac, sess.optimizers, sess.schedulers, {"run": name, "steps": steps})
+            rngs = ranks.all_gather(rng_state())  # each rank's generators; rank 0 writes
+            if ranks.main:
+                extra = {"run": name, "steps": steps}
+                save_compact(root, done, sess.ac, sess.optimizers, sess.schedulers, extra, rngs)
+            ranks.barrier()
             metrics["timing_s/save_checkpoint"] = time.perf_counter() - t
         metrics["timing_s/step"] = time.perf_counter() - t_step
         metrics.update(peak_memory())
+        if not ranks.main:
+            continue
         journal.write_step_results(
             root,
             step,
@@ -143,6 +189,9 @@ def main(argv: list[str] | None = None) -> None:
             seconds=round(metrics["timing_s/step"], 1),
         )
     bar.close()
+    if not ranks.main:
+        distributed.stop(ranks)
+        return
     sampler.stop()
     if wandb_run is not None:
         wandb_run.finish()
@@ -170,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         manifest={"stage": name, "inputs": training_inputs(args), "code": code_files(MODULE), "config": s},
     )
     log(name, "wrote", out=args.out)
+    distributed.stop(ranks)
 
 
 if __name__ == "__main__":

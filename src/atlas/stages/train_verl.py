@@ -22,7 +22,7 @@ import subprocess
 
 from atlas.config import TrainSlice
 from atlas.hashing import sha256_file
-from atlas.rl import journal
+from atlas.rl import journal, recovery, runlock
 from atlas.rl.journal import validation_points
 from atlas.runtime.inputs import training_inputs, training_parser
 from atlas.stage import code_files, log, run
@@ -43,8 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     sl = TrainSlice.model_validate(s)
     name, steps = sl.run.name, sl.run.steps
     root = args.checkpoints
+    runlock.guard(root, name)  # one writer per run folder, dying with its parent
     fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in training_inputs(args)}}
     journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
+    if cfg.training.resume_mode == "auto":  # verl resumes from its tracker: only good steps stay
+        recovery.check_verl_checkpoints(root, root / "verl" / "checkpoints", name)
     overrides, metrics, episodes, expected = prepare(args, cfg, name, steps, root)
     command = launch_command(overrides)
     if args.dry_run:

@@ -1,0 +1,188 @@
+"""Resume picks the last good checkpoint (bad ones are moved aside with a note, never deleted),
+one writer per run folder (a second is refused naming the holder's pid), and a training job
+dies with the process that started it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from atlas.hashing import MANIFEST, write_manifest
+from atlas.rl.recovery import RECOVERY, VERL_TRACKER, WHY, check_checkpoints, check_verl_checkpoints
+from atlas.rl.runlock import RunLockedError, claim, lock_path
+from conftest import REPO
+
+
+def fake_checkpoint(root: Path, step: int) -> Path:
+    folder = root / f"step_{step}"
+    folder.mkdir(parents=True)
+    save_file({"w": torch.full((64,), float(step))}, str(folder / "actor.safetensors"))
+    (folder / "state.json").write_text(json.dumps({"step": step}))
+    write_manifest(folder, stage="compact_checkpoint", config={"step": step})
+    return folder
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def test_bad_checkpoints_go_aside_with_why_and_the_good_ones_stay(tmp_path):
+    root = tmp_path / "checkpoints" / "run"
+    for k in (1, 2, 3):
+        fake_checkpoint(root, k)
+    assert check_checkpoints(root, "run") is None
+    three = snapshot(root / "step_3")
+    actor = root / "step_3" / "actor.safetensors"
+    actor.write_bytes(actor.read_bytes()[:-7])  # truncated
+    (root / "step_2" / "state.json").write_text(json.dumps({"step": 9}))  # altered, same size
+    event = check_checkpoints(root, "run")
+    aside = tmp_path / "checkpoints" / "run.corrupt-1"
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_1"]
+    assert event["moved"] == ["step_2", "step_3"] and event["to"] == aside.as_posix()
+    size = len(three["actor.safetensors"])
+    assert event["why"]["step_3"][0] == f"{actor}: size {size - 7}, manifest says {size}"
+    assert any("state.json: sha256" in p for p in event["why"]["step_2"])
+    # never deleted: the truncated bytes are kept as they were, with the note
+    moved = snapshot(aside / "step_3")
+    assert moved["actor.safetensors"] == three["actor.safetensors"][:-7]
+    assert {k: v for k, v in moved.items() if k != "actor.safetensors"} == {
+        k: v for k, v in three.items() if k != "actor.safetensors"
+    }
+    assert json.loads((aside / WHY).read_text()) == event
+    assert json.loads((root / RECOVERY).read_text()) == [event]
+    # an incomplete one (no manifest) next time: a second folder, the log of both kept
+    (root / "step_1" / MANIFEST).unlink()
+    second = check_checkpoints(root, "run")
+    assert second["to"] == (tmp_path / "checkpoints" / "run.corrupt-2").as_posix()
+    assert second["why"]["step_1"] == [f"{root / 'step_1' / MANIFEST}: no manifest"]
+    assert json.loads((root / RECOVERY).read_text()) == [event, second]
+    assert not list(root.glob("step_*"))
+
+
+def test_verl_checkpoints_are_sealed_then_checked(tmp_path):
+    root = tmp_path / "run"
+    folder = root / "verl" / "checkpoints"
+    for g in (1, 2, 3):
+        step = folder / f"global_step_{g}" / "actor"
+        step.mkdir(parents=True)
+        save_file({"lora_A": torch.ones(128) * g}, str(step / "model.safetensors"))
+    (folder / VERL_TRACKER).write_text("2")  # step 3's save did not finish
+    event = check_verl_checkpoints(root, folder, "run")
+    assert event["moved"] == ["global_step_3"]
+    assert (folder / "global_step_1" / MANIFEST).is_file() and (folder / "global_step_2" / MANIFEST).is_file()
+    assert (tmp_path / "run.corrupt-1" / "verl" / "checkpoints" / "global_step_3").is_dir()
+    assert check_verl_checkpoints(root, folder, "run") is None
+    # a byte changed in a sealed step (same size) is caught; verl's tracker goes back one step
+    shard = folder / "global_step_2" / "actor" / "model.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    event = check_verl_checkpoints(root, folder, "run")
+    assert (
+        event["moved"] == ["global_step_2"]
+        and "model.safetensors: sha256" in event["why"]["global_step_2"][0]
+    )
+    assert (folder / VERL_TRACKER).read_text() == "1"
+    # an unsealed truncated shard is caught by its safetensors header; none left: verl starts over
+    (folder / "global_step_1" / MANIFEST).unlink()
+    shard = folder / "global_step_1" / "actor" / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    event = check_verl_checkpoints(root, folder, "run")
+    assert "truncated" in event["why"]["global_step_1"][0]
+    assert not (folder / VERL_TRACKER).exists()
+    assert len(json.loads((root / RECOVERY).read_text())) == 3
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from atlas.rl.runlock import claim
+    claim(sys.argv[1], "run")
+    print("held", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_a_second_writer_is_refused_naming_the_pid(tmp_path):
+    root = tmp_path / "checkpoints" / "run"
+    root.mkdir(parents=True)
+    (root / "keep.txt").write_text("written before")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(root)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        start = time.monotonic()
+        with pytest.raises(RunLockedError) as err:
+            claim(root, "run")
+        assert time.monotonic() - start < 1  # at once, no waiting
+        assert f"run run is being written by pid {holder.pid}, which holds this lock" in str(err.value)
+        assert str(lock_path(root)) in str(err.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (root / "keep.txt").read_text() == "written before"
+    assert claim(root, "run") == lock_path(root)  # the lock goes with its holder
+    assert lock_path(root).read_text() == f"{os.getpid()}\n"
+
+
+CHILD = textwrap.dedent(
+    """
+    import time
+    from atlas.rl.runlock import die_with_parent
+    die_with_parent()
+    print("guarded", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("through_shell", [False, True])
+def test_a_job_dies_with_the_process_that_started_it(tmp_path, through_shell):
+    """A starter (as Snakemake) runs the job, directly or through `bash -c`, and is SIGKILLed."""
+    pidfile, script = tmp_path / "pid", tmp_path / "job.py"
+    script.write_text(CHILD)
+    if through_shell:
+        inner = f"{sys.executable} {script} & echo $! > {pidfile}; wait"
+        job = f"import subprocess; subprocess.run(['bash', '-c', {inner!r}])"
+    else:
+        job = (
+            f"import subprocess, sys; p = subprocess.Popen([sys.executable, {str(script)!r}]);"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); p.wait()"
+        )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    starter = subprocess.Popen([sys.executable, "-c", job], env=env, stdout=subprocess.PIPE, text=True)
+    assert starter.stdout.readline() == "guarded\n"
+    while not pidfile.is_file() or not pidfile.read_text().strip():
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    assert _alive(child)
+    os.kill(starter.pid, signal.SIGKILL)
+    starter.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survived = _alive(child)
+    if survived:  # leave nothing running behind a failed test
+        os.kill(child, signal.SIGKILL)
+    assert not survived
