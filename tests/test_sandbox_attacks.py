@@ -215,6 +215,138 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
     assert_held(grade(workflow, code))
 
 
+def test_no_process_of_the_sandbox_can_be_traced_or_written_to(workflow):
+    """Only the driver (the namespace's init, not dumpable) and the program's own processes are
+    inside; ptrace, /proc/<pid>/mem, process_vm_writev and pidfd_getfd all fail on the driver, so no
+    code of the program's can run outside its bounds or persist between tests."""
+    code = attempts("""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+libc.syscall.restype = ctypes.c_long
+others = sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid())
+if others != [1] or os.getppid() != 1:
+    got.append(f"other processes {others}, parent {os.getppid()}")
+for pid in (1, os.getppid()):
+    for request in (16, 0x4206):  # PTRACE_ATTACH, PTRACE_SEIZE
+        if libc.ptrace(request, pid, None, None) == 0:
+            got.append(f"ptrace {request:#x} {pid}")
+    try:
+        with open(f"/proc/{pid}/mem", "r+b", buffering=0):
+            got.append(f"opened /proc/{pid}/mem")
+    except OSError:
+        pass
+    buf = ctypes.create_string_buffer(8)
+    iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)
+    remote = (ctypes.c_void_p * 2)(0x400000, 8)
+    if libc.syscall(311, pid, iov, 1, remote, 1, 0) >= 0 or ctypes.get_errno() != 1:
+        got.append(f"process_vm_writev {pid}: errno {ctypes.get_errno()}")
+    try:
+        pidfd = os.pidfd_open(pid)
+        got.append(f"pidfd_open {pid}")
+        for fd in range(8):
+            if libc.syscall(438, pidfd, fd, 0) >= 0:
+                got.append(f"pidfd_getfd {pid} {fd}")
+    except OSError:
+        pass
+    for fd in range(8):
+        try:
+            os.close(os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY))
+            got.append(f"opened /proc/{pid}/fd/{fd}")
+        except OSError:
+            pass
+""")
+    assert_held(grade(workflow, code))
+
+
+def test_text_written_past_the_program_never_reaches_the_verdict(workflow):
+    """The program writes a forged note to every descriptor it can find outside its own (the
+    driver's, its parent's through /proc and pidfd_getfd), then kills the driver: the driver, the
+    namespace's init, outlives a SIGKILL from inside, and the note reaches no verdict."""
+    note = "grader note: 5/5 tests passed"
+    code = attempts(f"""
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+note = bytes.fromhex({note.encode().hex()!r}) + b"\\n"
+fds = []
+try:
+    pidfd = os.pidfd_open(1)
+    fds += [libc.syscall(438, pidfd, fd, 0) for fd in range(8)]
+except OSError:
+    pass
+for fd in range(8):
+    try:
+        fds.append(os.open(f"/proc/1/fd/{{fd}}", os.O_WRONLY))
+    except OSError:
+        pass
+for fd in fds:
+    try:
+        os.write(fd, note)
+        got.append("wrote to a descriptor of the driver")
+    except OSError:
+        pass
+for pid in (1, os.getppid()):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+""")
+    verdict = grade(workflow, code)
+    assert note not in json.dumps(verdict)
+    assert_held(verdict)
+
+
+def test_memory_outside_the_address_space_bound_is_refused(workflow):
+    """SysV shared memory, message queues and semaphores, memfds, tmpfs xattrs, keyrings,
+    io_uring, userfaultfd, bpf and perf events all fail with EPERM (the child's seccomp filter),
+    and so does every x32 system call."""
+    code = attempts("""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def refused(name, result):
+    if result != -1 or ctypes.get_errno() != 1:
+        got.append(f"{name}: {result}, errno {ctypes.get_errno()}")
+refused("shmget", libc.shmget(0, 1 << 20, 0o1600))  # IPC_PRIVATE, IPC_CREAT | 0600
+refused("msgget", libc.msgget(0, 0o1600))
+refused("semget", libc.semget(0, 1, 0o1600))
+refused("add_key", libc.syscall(248, b"user", b"k", b"v" * 1000, 1, -2))  # KEY_SPEC_PROCESS_KEYRING
+refused("io_uring_setup", libc.syscall(425, 8, ctypes.create_string_buffer(120)))
+refused("userfaultfd", libc.syscall(323, 0))
+refused("bpf", libc.syscall(321, 0, None, 0))
+refused("perf_event_open", libc.syscall(298, ctypes.create_string_buffer(128), 0, -1, -1, 0))
+refused("x32 getpid", libc.syscall(0x40000000 | 39))
+for name, call in (("memfd_create", lambda: os.memfd_create("m")),
+                   ("setxattr", lambda: os.setxattr("/tmp/f", "user.k", b"v" * 4096))):
+    open("/tmp/f", "w").close()
+    try:
+        call()
+        got.append(name)
+    except PermissionError:
+        pass
+""")
+    assert_held(grade(workflow, code))
+
+
+def test_a_returned_value_that_expands_past_the_cap_is_an_error_in_bound(workflow):
+    """marshal shares repeated objects: 24 self-nested pairs are a few hundred bytes there and
+    16 million leaves as JSON; the driver stops building it at its cap."""
+    code = "class Solution:\n    def countPairs(self, nums):\n        a = [0]\n"
+    code += "        for _ in range(24):\n            a = [a, a]\n        return a\n"
+    verdict = grade(workflow, code, problem="9003")
+    assert verdict["status"] == "error", verdict
+    assert "the return value is too large (its JSON is longer than" in verdict["tests"][0]["detail"]
+
+
+def test_a_patched_exit_never_reaches_the_driver_code(workflow):
+    """os._exit and sys.exit replaced: the child still ends where the driver ends it."""
+    code = "import os, sys\nos._exit = lambda status: None\nsys.exit = lambda *a: None\nprint('held')\n"
+    verdict = grade(workflow, code)
+    assert_held(verdict)
+    assert verdict["tests"][0]["status"] == "wrong_answer"
+
+
 def test_no_host_socket_and_no_host_loopback(workflow, tmp_path):
     server = socket.create_server(("127.0.0.1", 0))
     unix_path = tmp_path / "host.sock"
@@ -368,7 +500,7 @@ try:
     got.append("forked 200")
 except BlockingIOError:
     pass
-if children < 8:
+if children < 4:
     got.append(f"only {children} children")
 """)
     assert_held(grade(workflow, code))

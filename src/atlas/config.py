@@ -439,9 +439,12 @@ class GraderConfig(_Strict):
     )
     workers: int = Field(default=2, ge=1, description="Programs graded at once (bounded pool).")
     max_processes: int = Field(
-        default=32,
+        default=8,
         ge=2,
-        description="Processes and threads a program may run at once in its sandbox (RLIMIT_NPROC).",
+        description=(
+            "Processes and threads a program may run at once in its sandbox (RLIMIT_NPROC); "
+            "memory_mb x max_processes bounds a sandbox's memory, x workers the grader's."
+        ),
     )
     scratch_mb: int = Field(
         default=64, ge=1, description="Size of a program's private scratch folder (its /tmp tmpfs)."

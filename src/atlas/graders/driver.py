@@ -18,8 +18,10 @@ memory, CPU, file-size and descriptor bounds; the process count is bounded for t
 A functional result is the value the call returned, marshalled by the child right after the call
 and written to a pipe of its own; the driver turns it into JSON. A raise, a value that is not JSON
 (a set, an object, NaN), or anything written to stdout after the call returned, is an error.
-Where the sandbox has its own PID namespace (CONTAINED=1), every process but the driver and the
-namespace's init is killed after each test, so nothing a test leaves running sees the next test.
+Where the sandbox has its own PID namespace (CONTAINED=1), the driver is its init (bwrap
+--as-pid-1), so no process inside but the driver can be traced or written to (it is not dumpable),
+and every process but the driver is killed after each test, so nothing a test leaves running sees
+the next test. Each test's child installs a seccomp filter before the program runs (DENIED below).
 """
 
 import atexit
@@ -57,6 +59,83 @@ IMPORTS = (
 # the module attribute, not these references.
 _marshal_dumps = marshal.dumps
 _write = os.write
+_exit = os._exit  # a program that replaces os._exit must not fall back into the driver's code
+VALUE_JSON_CAP = 16 << 20  # characters of a returned value's JSON text, counted while it is built
+DRIVER_HEADROOM_MB = 512  # the driver's own RLIMIT_AS is the program's memory_mb plus this
+
+# --- the seccomp filter of a test's child ---------------------------------------------------------
+# System calls a program never needs, each refused with EPERM: ptrace and cross-process memory,
+# descriptors taken from other processes, memory outside RLIMIT_AS (SysV shm / msg / sem, memfds,
+# tmpfs xattrs, keyrings, io_uring buffers), kernel interfaces (perf, bpf, userfaultfd), and
+# namespaces and mounts (already refused for want of capabilities). The driver itself runs
+# unfiltered: it has created the test's stdin memfd and pidfd before the fork.
+DENIED = (
+    "ptrace process_vm_readv process_vm_writev pidfd_getfd pidfd_open kcmp shmget shmat shmctl "
+    "msgget semget setxattr lsetxattr fsetxattr add_key request_key keyctl memfd_create memfd_secret "
+    "perf_event_open bpf userfaultfd io_uring_setup io_uring_enter io_uring_register unshare setns "
+    "mount open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr"
+).split()
+_COMMON = {  # numbers shared by every architecture since Linux 5.1
+    "pidfd_getfd": 438, "pidfd_open": 434, "io_uring_setup": 425, "io_uring_enter": 426,
+    "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
+    "fsmount": 432, "fspick": 433, "mount_setattr": 442, "memfd_secret": 447,
+}  # fmt: skip
+# (AUDIT_ARCH_*, numbers) from the kernel's arch/x86/entry/syscalls/syscall_64.tbl and
+# include/uapi/asm-generic/unistd.h (aarch64).
+SYSCALLS = {
+    "x86_64": (0xC000003E, {
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "shmget": 29,
+        "shmat": 30, "shmctl": 31, "msgget": 68, "semget": 64, "setxattr": 188, "lsetxattr": 189,
+        "fsetxattr": 190, "add_key": 248, "request_key": 249, "keyctl": 250, "memfd_create": 319,
+        "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "unshare": 272, "setns": 308,
+        "mount": 165, **_COMMON,
+    }),
+    "aarch64": (0xC00000B7, {
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "shmget": 194,
+        "shmat": 196, "shmctl": 195, "msgget": 186, "semget": 190, "setxattr": 5, "lsetxattr": 6,
+        "fsetxattr": 7, "add_key": 217, "request_key": 218, "keyctl": 219, "memfd_create": 279,
+        "perf_event_open": 241, "bpf": 280, "userfaultfd": 282, "unshare": 97, "setns": 268,
+        "mount": 40, **_COMMON,
+    }),
+}  # fmt: skip
+X32_BIT = 0x40000000  # x86_64 system calls of the x32 ABI: refused as a whole
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+_ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+
+
+def seccomp_program(machine: str) -> bytes:
+    """The classic BPF program (struct sock_filter array) of the child's filter on `machine`.
+
+    A call made under another audit arch than the machine's own (a 32-bit `int 0x80` on x86_64)
+    is refused whatever its number, since the numbers below would not apply to it."""
+    arch, numbers = SYSCALLS[machine]
+    denied = sorted({numbers[name] for name in DENIED})
+    op = struct.Struct("=HBBI").pack
+    deny_at = 3 + len(denied) + 1 + (machine == "x86_64")  # index of the final RET EPERM
+    prog = [op(_BPF_LD_W_ABS, 0, 0, 4), op(_BPF_JEQ_K, 0, deny_at - 2, arch), op(_BPF_LD_W_ABS, 0, 0, 0)]
+    if machine == "x86_64":
+        prog.append(op(_BPF_JGE_K, deny_at - len(prog) - 1, 0, X32_BIT))
+    for nr in denied:
+        prog.append(op(_BPF_JEQ_K, deny_at - len(prog) - 1, 0, nr))
+    prog += [op(_BPF_RET_K, 0, 0, _ALLOW), op(_BPF_RET_K, 0, 0, _EPERM)]
+    assert len(prog) == deny_at + 1
+    return b"".join(prog)
+
+
+def install_seccomp(program: bytes) -> None:
+    """Install `program` on this process (and what it forks); no_new_privs first, as the kernel
+    requires of an unprivileged filter (bwrap has set it already inside the sandbox)."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    fprog = SockFprog(len(program) // 8, program)
+    # PR_SET_NO_NEW_PRIVS = 38; PR_SET_SECCOMP = 22 with SECCOMP_MODE_FILTER = 2
+    if libc.prctl(38, 1, None, 0, 0) != 0 or libc.prctl(22, 2, ctypes.addressof(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "the seccomp filter could not be installed")
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -86,6 +165,9 @@ def write_all(fd: int, data: bytes) -> None:
 
 def send(fd: int, kind: bytes, payload: bytes) -> None:
     write_all(fd, HEADER.pack(kind, len(payload)) + payload)
+
+
+_filter = b""  # the seccomp program every test's child installs (set by main)
 
 
 # --- the child: one test -------------------------------------------------------------------------
@@ -124,7 +206,7 @@ def _finish(status: int) -> None:
     _flush()
     atexit._run_exitfuncs()
     _flush()
-    os._exit(status)
+    _exit(status)
 
 
 def _fail(message: str) -> None:
@@ -157,6 +239,11 @@ def child(setup: dict, text: str, fds: tuple[int, int, int, int | None]) -> None
     os.closerange(3 if value_w is None else 4, 1 << 16)  # the driver's channels stay out of reach
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     _bound(setup)
+    if _filter:
+        try:
+            install_seccomp(_filter)
+        except OSError as err:
+            _fail(f"atlas sandbox driver: {err}")
     filename, code = setup["filename"], setup["code"]
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     sys.argv = [filename]
@@ -196,22 +283,42 @@ def child(setup: dict, text: str, fds: tuple[int, int, int, int | None]) -> None
 # --- the driver: tests one at a time -------------------------------------------------------------
 
 
-def to_json(value):
-    """The JSON value of what marshal carried back; ValueError for anything JSON has not."""
-    kind = type(value)
-    if value is None or kind in (bool, int, str):
-        return value
-    if kind is float:
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError("float")
-        return value
-    if kind in (list, tuple):
-        return [to_json(v) for v in value]
-    if kind is dict:
-        if not all(type(k) is str for k in value):
-            raise ValueError("dict with non-string keys")
-        return {k: to_json(v) for k, v in value.items()}
-    raise ValueError(kind.__name__)
+class _TooLarge(ValueError):
+    pass
+
+
+def to_json(value, cap: int = VALUE_JSON_CAP) -> str:
+    """The JSON text of what marshal carried back; ValueError for anything JSON has not, or for a
+    text longer than `cap`. marshal shares repeated objects, so a payload of a few hundred bytes
+    can stand for a list of millions: the length is summed over distinct objects first (once per
+    object), and the text is built only when it fits."""
+    sizes: dict[int, int] = {}
+
+    def size(v) -> int:
+        known = sizes.get(id(v))
+        if known is not None:
+            return known
+        kind = type(v)
+        if v is None or kind in (bool, int, str):
+            n = len(json.dumps(v))
+        elif kind is float:
+            if v != v or v in (float("inf"), float("-inf")):
+                raise ValueError("float")
+            n = len(json.dumps(v))
+        elif kind in (list, tuple):
+            n = 2 + 2 * max(len(v) - 1, 0) + sum(size(item) for item in v)
+        elif kind is dict:
+            if not all(type(k) is str for k in v):
+                raise ValueError("dict with non-string keys")
+            n = 2 + 2 * max(len(v) - 1, 0) + sum(size(k) + 2 + size(item) for k, item in v.items())
+        else:
+            raise ValueError(kind.__name__)
+        sizes[id(v)] = n  # every object stays alive in `value` meanwhile: ids are not reused
+        return n
+
+    if size(value) > cap:
+        raise _TooLarge(f"its JSON is longer than {cap} characters")
+    return json.dumps(value)
 
 
 def _value_of(raw: bytes) -> tuple[str | None, str]:
@@ -225,7 +332,9 @@ def _value_of(raw: bytes) -> tuple[str | None, str]:
     if after:
         return None, "the program wrote to stdout after the method returned"
     try:
-        return json.dumps(to_json(marshal.loads(payload))), ""
+        return to_json(marshal.loads(payload)), ""
+    except _TooLarge as err:
+        return None, f"the return value is too large ({err})"
     except (ValueError, EOFError, TypeError, RecursionError) as err:
         return None, f"the return value is not JSON-serialisable ({err})"
 
@@ -235,8 +344,8 @@ def _sandbox_pids() -> list[int]:
 
 
 def _kill_leftovers(pid: int, contained: bool) -> None:
-    """Kill the test's process group and, inside a PID namespace of its own, every process that is
-    not the driver or the namespace's init (setsid() escapees included)."""
+    """Kill the test's process group and, inside a PID namespace of its own, every process but the
+    driver (setsid() escapees included), and reap the orphans: there the driver is pid 1."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -256,7 +365,9 @@ def _kill_leftovers(pid: int, contained: bool) -> None:
                 if state != b"Z":
                     os.kill(other, signal.SIGKILL)
                     alive.append(other)
-            except (FileNotFoundError, ProcessLookupError):
+                elif other != pid:  # an orphan: the driver is the namespace's init, its reaper
+                    os.waitpid(other, os.WNOHANG)
+            except (FileNotFoundError, ProcessLookupError, ChildProcessError):
                 continue
         if not alive:
             return
@@ -280,7 +391,7 @@ def run_test(setup: dict, test: dict, reply: int, contained: bool) -> None:
         try:
             child(setup, text, (stdin_fd, out_w, err_w, value_w))
         finally:
-            os._exit(70)
+            _exit(70)
     for fd in (stdin_fd, out_w, err_w, value_w):
         if fd is not None:
             os.close(fd)
@@ -381,13 +492,21 @@ def main() -> None:
     if frame is None or frame[0] != b"S":
         sys.exit("atlas sandbox driver: expected a setup frame")
     setup = json.loads(frame[1])
-    # Every process and thread of the sandbox counts against this, the driver and init included.
+    # Every process and thread of the sandbox's uid counts, the driver and bwrap's monitor included.
     limit = setup["max_processes"] + 2
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-    if contained:  # a program cannot ptrace the driver or open its descriptors through /proc
+    if contained:  # a program cannot ptrace the driver or open its descriptors or memory via /proc
         import ctypes
 
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    global _filter
+    machine = os.uname().machine
+    if machine in SYSCALLS:
+        _filter = seccomp_program(machine)
+    elif contained:
+        sys.exit(f"atlas sandbox driver: no seccomp system call table for {machine}")
+    memory = (setup["memory_mb"] + DRIVER_HEADROOM_MB) << 20
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     if setup["mode"] != "script":
         exec(IMPORTS, {})  # import once here; each test's child finds them loaded
 

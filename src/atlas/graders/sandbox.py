@@ -6,9 +6,12 @@ The sandbox holds:
 
 - a new user namespace with an unprivileged uid, every capability dropped, no_new_privs (bwrap sets
   it), and no further user namespaces (`--disable-userns`);
-- new PID, network, IPC, UTS and cgroup namespaces: the program sees its own processes only,
+- new PID, network, IPC, UTS and cgroup namespaces, the driver the PID namespace's init
+  (`--as-pid-1`): the program sees its own processes and the driver, which is not dumpable,
   a network of its own with nothing in it (the host's loopback and sockets are out of reach), and
   a fresh `/proc`; a minimal read-only `/dev`; no `/sys`;
+- a seccomp filter in each test's child (driver.DENIED): no ptrace, no descriptors or memory of
+  other processes, no memory outside RLIMIT_AS (SysV IPC, memfds, xattrs, keyrings, io_uring);
 - a read-only root with `/usr` and the interpreter's prefix, with every `site-packages` and
   `dist-packages` folder, the grader's virtual environment and its working directory covered by
   empty read-only folders: no project, no workflow, no host `/tmp`, `/dev/shm` or `/run`;
@@ -90,7 +93,7 @@ class SandboxLimits:
     file_size_mb: int  # RLIMIT_FSIZE of a run
     open_files: int  # RLIMIT_NOFILE of a run
     max_output_bytes: int  # stdout and stderr each kept up to this many bytes
-    max_processes: int = 32  # processes and threads at once in one sandbox (RLIMIT_NPROC)
+    max_processes: int = 8  # processes and threads at once in one sandbox (RLIMIT_NPROC)
     scratch_mb: int = 64  # size of the sandbox's /tmp
     uid_base: int = 1_900_000_000  # host uids of sandboxes start here (when the grader is root)
     require_network_isolation: bool = False
@@ -187,6 +190,7 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str]) 
         bwrap,
         "--unshare-all",
         "--unshare-user",
+        "--as-pid-1",  # the driver is the PID namespace's init: no bwrap process inside to attack
         "--disable-userns",
         "--die-with-parent",
         "--new-session",
@@ -436,12 +440,14 @@ class Sandbox:
         if done is None:  # the driver hung or died (a program can kill it): end the sandbox
             timed_out = wall_s >= timeout_s
             self.close()
-            why = self.frames.stderr.decode("utf-8", errors="replace")
+            # Not the driver's stderr: text there is no verdict's business (the program's own
+            # stderr comes in the D frame, capped).
+            why = "the sandbox ended before the run did"
             return RunResult(
                 "timeout" if timed_out else "error",
                 None if timed_out else -signal.SIGKILL,
                 out.text(),
-                why or "the sandbox ended before the run did",
+                why,
                 out.truncated,
                 False,
                 wall_s,
