@@ -35,8 +35,9 @@ from atlas.verl.agent_loop import weight_versions  # noqa: E402
 
 @pytest.fixture(scope="module")
 def queue():
-    """A one-CPU local Ray cluster with verl's TransferQueue (controller + storage) on it."""
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, namespace="atlas_test")
+    """A local Ray cluster with verl's TransferQueue (controller + storage) on it. Each of its
+    actors holds a CPU slot, so the cluster must offer more than one or the second never starts."""
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="atlas_test")
     try:
         tq.init()
         yield tq
