@@ -134,7 +134,9 @@ def test_report25_composes_with_the_reports_settings(report25):
         "offline",
         paths.wandb_dir,
     )
-    assert env.VERL_USE_EXTERNAL_MODULES == "atlas.verl.critic"  # the critic LoRA + value head fix
+    assert (
+        env.VERL_USE_EXTERNAL_MODULES == "atlas.verl.critic,atlas.verl.actor"
+    )  # critic LoRA + head, masked actor
     # FSDP2, bf16, LoRA 64 / 128 on actor and critic; params offloaded, optimizer state on the GPU
     assert (ar.actor.strategy, ar.ref.strategy, c.critic.strategy) == ("fsdp2", "fsdp2", "fsdp2")
     for model in (ar.model, c.critic.model):
@@ -182,11 +184,13 @@ def test_verl_dataclasses_read_the_composed_sections(report25):
     assert (critic.model.lora_rank, critic.model.lora_alpha) == (64, 128)
 
 
-def test_the_critic_module_is_the_one_atlas_verl_critic_installs(report25):
-    from atlas.verl.critic import external_lib_overrides
+def test_every_verl_process_imports_the_critic_and_the_masked_actor_patches(report25):
+    from atlas.verl.config import EXTERNAL_MODULES
 
     _, overrides, _ = report25
-    assert {o.lstrip("+") for o in external_lib_overrides()} <= {o.lstrip("+") for o in overrides}
+    key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES="
+    (value,) = [o.lstrip("+")[len(key) :] for o in overrides if o.lstrip("+").startswith(key)]
+    assert value.strip("'").split(",") == list(EXTERNAL_MODULES) == ["atlas.verl.critic", "atlas.verl.actor"]
 
 
 def test_tiny_default_on_one_gpu_composes_and_user_overrides_come_last(hf_model, tmp_path):

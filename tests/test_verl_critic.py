@@ -337,7 +337,9 @@ def test_value_head_keys_of_plain_and_peft_critics(model_config):
 def test_registry_builds_the_critic_engine_for_fsdp():
     for backend in ("fsdp", "fsdp2"):
         assert EngineRegistry.get_engine_cls("value_model", backend) is critic.CriticEngine
-        assert EngineRegistry.get_engine_cls("language_model", backend) is FSDPEngineWithLMHead
+        # the critic patch leaves the language model an LM-head engine (atlas.verl.actor's masked
+        # one once that module is imported, verl's own otherwise)
+        assert issubclass(EngineRegistry.get_engine_cls("language_model", backend), FSDPEngineWithLMHead)
     assert issubclass(critic.CriticEngine, FSDPEngineWithValueHead)
 
 
