@@ -35,7 +35,9 @@ TRAIN_MODULE = {"local": "atlas.stages.train", "verl": "atlas.stages.train_verl"
 # trainer only; resources.gpus, or resources.ranks on a CPU). --standalone picks a free port.
 TRAIN_RANKS = ATLAS.resources.world_size if ATLAS.training.engine == "local" else 1
 TRAIN_LAUNCH = (
-    "python" if TRAIN_RANKS == 1 else f"torchrun --standalone --nproc-per-node {TRAIN_RANKS}"
+    "python"
+    if TRAIN_RANKS == 1
+    else f"torchrun --standalone --nproc-per-node {TRAIN_RANKS}"
 )
 
 

@@ -16,7 +16,7 @@ from ci_skips import pytest_runtest_makereport  # noqa: F401  (the hook: no guar
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "resources" / "fixtures"
-WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "envs", "src", "resources", "report", ".test")
+WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "envs", "src", "resources", "report")
 
 
 def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:

@@ -46,9 +46,20 @@ def test_a_manifest_that_is_not_an_object_is_named(tmp_path):
     assert verify(tmp_path) == [f"{tmp_path / MANIFEST}: not an {MANIFEST_FORMAT} manifest"]
 
 
-def test_a_manifest_without_files_inputs_or_code_sections_checks_what_it_has(tmp_path):
+def test_a_manifest_without_a_files_block_is_named(tmp_path):
     minimal = {
         "format": MANIFEST_FORMAT,
+        "config": None,
+        "config_sha256": sha256_bytes(canonical_json(None).encode()),
+    }
+    (tmp_path / MANIFEST).write_text(json.dumps(minimal))
+    assert verify(tmp_path) == [f"{tmp_path / MANIFEST}: no files block"]
+
+
+def test_a_manifest_without_inputs_or_code_sections_checks_what_it_has(tmp_path):
+    minimal = {
+        "format": MANIFEST_FORMAT,
+        "files": {},
         "config": None,
         "config_sha256": sha256_bytes(canonical_json(None).encode()),
     }
