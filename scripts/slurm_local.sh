@@ -133,10 +133,24 @@ wait_idle() {
 
 ETC_CONF=/etc/slurm/slurm.conf
 
+# Whether any daemon recorded in a state folder's run/*.pid is still running.
+cluster_alive() {
+    local pidfile pid
+    for pidfile in "$1"/run/*.pid; do
+        [ -f "$pidfile" ] || continue
+        pid=$(cat "$pidfile" 2>/dev/null) || continue
+        [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && return 0
+    done
+    return 1
+}
+
 # /etc/slurm/slurm.conf -> $conf, unless the path holds anything else.
 claim_etc_conf() {
     if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" = "$conf" ]; then
         return 0
+    fi
+    if [ -L "$ETC_CONF" ] && ! cluster_alive "$(dirname "$(readlink "$ETC_CONF")")"; then
+        rm -f "$ETC_CONF"  # a link left by a cluster whose daemons are gone (a killed run)
     fi
     if [ -e "$ETC_CONF" ] || [ -L "$ETC_CONF" ]; then
         die "$ETC_CONF exists ($(readlink "$ETC_CONF" || echo 'a file')): another cluster's config. Jobs' srun reads only that path (Snakemake's job-step plugin drops SLURM_CONF), so this cluster cannot start beside it; bring that one down first"
