@@ -24,6 +24,7 @@ import polars as pl
 import pytest
 import yaml
 
+from atlas.hashing import is_bookkeeping
 from conftest import REPO, copy_workflow
 
 pytestmark = pytest.mark.slow
@@ -168,12 +169,17 @@ def comparable(path: Path, same_bytes: set[str], root: Path):
 
 
 def tree(root: Path) -> dict[str, Path]:
-    """The outputs under results/, without logs and wandb's offline run folders (named by start
-    time, holding system readings): the same paths in two runs of the same inputs."""
+    """The outputs under results/, without logs, wandb's offline run folders (named by start
+    time, holding system readings), hash caches (keyed by inode and mtime) and run locks (holding
+    the writer's pid): the same paths in two runs of the same inputs."""
     return {
         str(p.relative_to(root)): p
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not str(p.relative_to(root)).startswith("logs/") and "/wandb/" not in str(p)
+        if p.is_file()
+        and not str(p.relative_to(root)).startswith("logs/")
+        and "/wandb/" not in str(p)
+        and not is_bookkeeping(p.name)
+        and not (p.parent.name == "checkpoints" and p.suffix == ".lock")
     }
 
 
