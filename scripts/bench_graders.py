@@ -13,6 +13,9 @@ of a checkout of its public repository (it needs numpy and tqdm beside it).
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.machinery
+import importlib.util
 import json
 import sys
 import time
@@ -39,6 +42,18 @@ def lcb_sample(tests, func_name) -> dict:
     return {"input_output": json.dumps(io)}
 
 
+def lcb_check_correctness(checkout: Path):
+    """lcb_runner's check_correctness, imported from the checkout as a package (its own
+    `lcb_runner.*` imports resolve through the package's path)."""
+    spec = importlib.machinery.PathFinder.find_spec("lcb_runner", [str(checkout)])
+    if spec is None:
+        raise SystemExit(f"{checkout}: no lcb_runner package there (a LiveCodeBench checkout?)")
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["lcb_runner"] = package
+    spec.loader.exec_module(package)
+    return importlib.import_module("lcb_runner.evaluation.compute_code_generation_metrics").check_correctness
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("lcb_checkout", type=Path, help="a checkout of LiveCodeBench/LiveCodeBench")
@@ -47,8 +62,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="graders.workers of grade_many")
     parser.add_argument("--test-timeout", type=int, default=6, help="per-test bound of both graders")
     args = parser.parse_args()
-    sys.path.insert(0, str(args.lcb_checkout))
-    from lcb_runner.evaluation.compute_code_generation_metrics import check_correctness
+    check_correctness = lcb_check_correctness(args.lcb_checkout)
 
     jobs = programs(args.programs)
     cfg = GraderConfig(test_timeout_s=args.test_timeout, program_timeout_s=60.0, workers=args.workers)

@@ -45,9 +45,9 @@ def test_no_file_speaks_of_how_the_project_was_developed():
 
 def test_the_patterns_catch_diary_lines_and_spare_product_lines():
     diary = [
-        "Measured in the previous session on the lent H200.",
-        "The issue's goal is met.",
-        "17 min 28 s in a slow phase",
+        "Measured in the earlier session on the lent GPU.",
+        "That issue is done: the goal was met.",
+        "17 min 28 s in a busy phase",
         "today's two runs gave 3.6 and 3.7",
         "The full verl + vLLM run was not made here.",
     ]
