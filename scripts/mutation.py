@@ -15,6 +15,8 @@ CI step (minutes of CPU per module). The table it prints is the one in docs/test
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import os
 import re
 import shutil
@@ -29,15 +31,46 @@ REPO = Path(__file__).resolve().parent.parent
 # module label -> (source files mutated, the fast unit tests run against them)
 MODULES: dict[str, tuple[list[str], list[str]]] = {
     "grammar": (["src/atlas/runtime/grammar.py"], ["tests/test_runtime.py"]),
-    "records": (["src/atlas/runtime/records.py"], ["tests/test_runtime.py", "tests/test_rl_math.py"]),
-    "protocol": (["src/atlas/runtime/protocol.py"], ["tests/test_runtime.py", "tests/test_rl_math.py"]),
-    "rewards": (["src/atlas/rl/rewards.py"], ["tests/test_rl_math.py"]),
+    "records": (["src/atlas/runtime/records.py"], ["tests/test_record_files.py"]),
+    "protocol": (["src/atlas/runtime/protocol.py"], ["tests/test_protocol_checks.py"]),
+    "rewards": (["src/atlas/rl/rewards.py"], ["tests/test_rl_math.py", "tests/test_reward_edges.py"]),
     "advantages": (["src/atlas/rl/advantages.py"], ["tests/test_rl_math.py", "tests/test_gae_edges.py"]),
     "losses": (["src/atlas/rl/losses.py"], ["tests/test_rl_math.py", "tests/test_loss_edges.py"]),
     "replay": (["src/atlas/rl/replay.py"], ["tests/test_replay.py"]),
     "checkpoint": (["src/atlas/rl/checkpoint.py"], ["tests/test_checkpoint.py"]),
-    "hashing": (["src/atlas/hashing.py"], ["tests/test_hashing.py", "tests/test_hashing_edges.py"]),
+    "hashing": (
+        ["src/atlas/hashing.py"],
+        [
+            "tests/test_hashing.py",
+            "tests/test_hashing_edges.py",
+            "tests/test_integrity.py::test_hash_cache_is_used_only_while_the_file_is_unchanged",
+        ],
+    ),
+    "sandbox_bounds": (["src/atlas/graders/sandbox.py"], ["tests/test_sandbox_bounds.py"]),
 }
+
+# Modules of which only some functions are mutated (the rest of the file is another job's: the
+# sandbox's start-up and isolation are tested by running real sandboxes, minutes per mutant).
+ONLY_FUNCTIONS: dict[str, set[str]] = {
+    "sandbox_bounds": {"SandboxLimits.from_config", "_Capped.__init__", "_Capped.add", "_Capped.text"},
+}
+
+# Modules whose tests use the tiny model and the prepared data: both are built once per run
+# (from the unmutated scratch copy) and handed to every mutant's session (tests/conftest.py reads
+# ATLAS_TEST_TINY_MODEL and ATLAS_TEST_DATA_DIR), not rebuilt for each mutant (~1 min each).
+PREBUILT = {"grammar", "replay", "checkpoint"}
+PREBUILD = """
+import sys
+from pathlib import Path
+sys.path.insert(0, "tests")
+import conftest
+Path(sys.argv[2]).mkdir(parents=True)
+conftest.prepare_data_dir(Path(sys.argv[2]))
+conftest._build_model(Path(sys.argv[1]))
+"""
+
+# What tests/conftest.py reads beside src/ and tests/ (the tiny model's config, the fixtures).
+ALSO_COPY = ["config", "resources", "Snakefile", "rules", "profiles", "envs", "report"]
 
 KILLED = {"killed", "caught by type check"}
 RESULT = re.compile(r"^\s+(?P<name>\S+): (?P<status>.+)$")
@@ -58,15 +91,58 @@ def scratch_copy(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
-def mutmut_config(sources: list[str], tests: list[str]) -> str:
-    quote = lambda xs: "[" + ", ".join(f'"{x}"' for x in xs) + "]"  # noqa: E731
+# Imported once by mutmut's fork server, so that each mutant's forked worker starts with them: a
+# test that imports the runtime lazily (Episode, the engine) would otherwise pay ~9 s of
+# transformers and torch imports per mutant.
+PRELOAD = [
+    "torch",
+    "transformers",
+    "peft",
+    "xgrammar",
+    "safetensors.torch",
+    "pyarrow.parquet",
+    "pytest",
+    "atlas.runtime.session",
+    "atlas.runtime.episode",
+    "atlas.runtime.engine",
+    "atlas.rl.checkpoint",
+    "atlas.rl.replay",
+]
+
+
+def skipped_defs(sources: list[str], keep: set[str]) -> list[str]:
+    """mutmut patterns for the `def` lines of every function not in `keep` ("Class.method" or
+    "function"): mutmut leaves a whole statement alone when its first line matches."""
+    patterns = []
+    for rel in sources:
+        text = (REPO / rel).read_text(encoding="utf-8")
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        scopes = [(node, "") for node in tree.body]
+        while scopes:
+            node, owner = scopes.pop()
+            if isinstance(node, ast.ClassDef):
+                scopes += [(child, f"{owner}{node.name}.") for child in node.body]
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and owner + node.name not in keep:
+                patterns.append("^" + re.escape(lines[node.lineno - 1]) + "$")
+    return patterns
+
+
+def mutmut_config(sources: list[str], tests: list[str], preload: Path, skip: list[str]) -> str:
+    quote = lambda xs: "[" + ", ".join(json.dumps(x) for x in xs) + "]"  # noqa: E731
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["src"]\n'
+        # mutmut runs the tests in mutants/, a copy of src/ and tests/ only; the fixtures read the
+        # workflow's config and resources from the repository root (tests/conftest.py's REPO).
+        f"also_copy = {quote(ALSO_COPY)}\n"
         f"only_mutate = {quote(sources)}\n"
+        f"do_not_mutate_patterns = {quote(skip)}\n"
         f"pytest_add_cli_args_test_selection = {quote(tests)}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n'
         'process_isolation = "forkserver"\n'
+        'forkserver_warmup = "import"\n'
+        f'preload_modules_file = "{preload}"\n'
         "use_git_change_detection = false\n"
         # A mutant that only times out on a loaded machine is not a kill: generous bounds, and
         # timeouts counted apart from kills in the table.
@@ -79,11 +155,18 @@ def run_module(label: str, sources: list[str], tests: list[str], children: int, 
     with tempfile.TemporaryDirectory(prefix=f"atlas-mutation-{label}-") as tmp:
         work = Path(tmp)
         scratch_copy(work)
+        preload = work / "mutmut-preload.txt"
+        preload.write_text("".join(f"{m}\n" for m in PRELOAD), encoding="utf-8")
         with open(work / "pyproject.toml", "a", encoding="utf-8") as f:
-            f.write(mutmut_config(sources, tests))
+            skip = skipped_defs(sources, ONLY_FUNCTIONS[label]) if label in ONLY_FUNCTIONS else []
+            f.write(mutmut_config(sources, tests, preload, skip))
         # Subprocesses a test starts (the tiny model's build) import the scratch copy's atlas,
         # never the working tree's; mutmut's own workers import mutants/src first.
         env = {**os.environ, "PYTHONPATH": str(work / "src")}
+        if label in PREBUILT:
+            model, data = work / ".prebuilt" / "tiny", work / ".prebuilt" / "data"
+            subprocess.run([sys.executable, "-c", PREBUILD, model, data], cwd=work, env=env, check=True)
+            env |= {"ATLAS_TEST_TINY_MODEL": str(model), "ATLAS_TEST_DATA_DIR": str(data)}
         mutmut = [sys.executable, "-m", "mutmut"]
         run = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=work, env=env)
         if run.returncode != 0:

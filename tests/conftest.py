@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -126,17 +127,26 @@ def _build_model(out: Path, **tiny_overrides) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    """The embedded default's model, built once per test session."""
+    """The embedded default's model, built once per test session (or the one ATLAS_TEST_TINY_MODEL
+    names, built by scripts/mutation.py once for all the sessions of a mutation run)."""
+    if prebuilt := os.environ.get("ATLAS_TEST_TINY_MODEL"):
+        return Path(prebuilt)
     return _build_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
-    """results/data/ of the embedded default, prepared once per test session."""
+    """results/data/ of the embedded default, prepared once per test session (or the folder
+    ATLAS_TEST_DATA_DIR names, as for tiny_model)."""
+    if prebuilt := os.environ.get("ATLAS_TEST_DATA_DIR"):
+        return Path(prebuilt)
+    return prepare_data_dir(tmp_path_factory.mktemp("data"))
+
+
+def prepare_data_dir(out: Path) -> Path:
     from atlas.config import config_slice, load_config
     from atlas.stages import prepare_data
 
-    out = tmp_path_factory.mktemp("data")
     s = config_slice(load_config(REPO / "config" / "config.yaml"), "data")
     for source in ("gpqa", "lcb"):
         for split in ("train", "val"):
