@@ -43,9 +43,14 @@ class RewardPlacementError(ValueError):
     """A record's reward cannot go where its action token says (out of range, masked, shared)."""
 
 
+def _potential_after(phi_before: Sequence[float]) -> list[float]:
+    """Phi(s_{k+1}) per record: the next record's potential, 0 after the last (none: no records)."""
+    return [*phi_before[1:], 0.0] if phi_before else []
+
+
 def shaping_terms(phi_before: Sequence[float], gamma: float, dose: float) -> list[float]:
     """F_k = dose * (gamma * Phi(s_{k+1}) - Phi(s_k)), with Phi(s_K) = 0 after the last record."""
-    phi_after = [*phi_before[1:], 0.0]
+    phi_after = _potential_after(phi_before)
     return [dose * (gamma * after - before) for before, after in zip(phi_before, phi_after, strict=True)]
 
 
@@ -138,7 +143,7 @@ def token_level_rewards(
         reward=reward,
         shaping=list(shaping),
         potential_before=list(phi_before),
-        potential_after=[*phi_before[1:], 0.0],
+        potential_after=_potential_after(phi_before),
     )
 
 
