@@ -29,13 +29,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 # module label -> (source files mutated, the fast unit tests run against them)
 MODULES: dict[str, tuple[list[str], list[str]]] = {
-    "grammar": (["src/atlas/runtime/grammar.py"], ["tests/test_runtime.py"]),
+    "grammar": (
+        ["src/atlas/runtime/grammar.py"],
+        [
+            "tests/test_call_grammar.py",
+            "tests/test_runtime.py::test_control_tokens_are_illegal_in_the_grammar_itself",
+            "tests/test_runtime.py::test_surrogate_escapes_only_as_whole_pairs",
+        ],
+    ),
     "records": (["src/atlas/runtime/records.py"], ["tests/test_record_files.py"]),
     "protocol": (["src/atlas/runtime/protocol.py"], ["tests/test_protocol_checks.py"]),
     "rewards": (["src/atlas/rl/rewards.py"], ["tests/test_rl_math.py", "tests/test_reward_edges.py"]),
     "advantages": (["src/atlas/rl/advantages.py"], ["tests/test_rl_math.py", "tests/test_gae_edges.py"]),
     "losses": (["src/atlas/rl/losses.py"], ["tests/test_rl_math.py", "tests/test_loss_edges.py"]),
-    "replay": (["src/atlas/rl/replay.py"], ["tests/test_replay.py"]),
+    "replay": (["src/atlas/rl/replay.py"], ["tests/test_replay.py", "tests/test_masked_logprobs.py"]),
     "checkpoint": (["src/atlas/rl/checkpoint.py"], ["tests/test_checkpoint.py"]),
     "hashing": (
         ["src/atlas/hashing.py"],

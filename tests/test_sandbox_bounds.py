@@ -85,6 +85,13 @@ def test_one_chunk_larger_than_the_cap_is_cut_at_the_cap():
     assert (bytes(cap.kept), cap.truncated) == (b"abcd", True)
 
 
+def test_one_byte_of_room_keeps_one_byte():
+    cap = _Capped(5)
+    cap.add(b"abcd")
+    cap.add(b"ef")
+    assert (bytes(cap.kept), cap.truncated) == (b"abcde", True)
+
+
 def test_a_zero_cap_keeps_nothing():
     cap = _Capped(0)
     cap.add(b"")
