@@ -46,7 +46,10 @@ def test_a_file_below_the_cached_size_is_hashed_and_not_kept(tmp_path):
     assert cache.sha256("exact.bin", exact) == sha256_file(exact)
     assert set(cache.added) == {"exact.bin"}
     st = exact.stat()
-    assert cache.added["exact.bin"] == [[st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino], sha256_file(exact)]
+    assert cache.added["exact.bin"] == [
+        [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino],
+        sha256_file(exact),
+    ]
 
 
 def test_a_disabled_cache_reads_and_writes_nothing(tmp_path):
@@ -76,7 +79,9 @@ def test_a_cache_entry_of_another_shape_is_ignored(tmp_path):
     f = big(tmp_path)
     key = HashCache._key(f.stat())
     for entry in ([key, "3" * 64, "extra"], [key], {"key": key}):
-        (tmp_path / HASH_CACHE).write_text(json.dumps({"format": HASH_CACHE_FORMAT, "files": {"big.bin": entry}}))
+        (tmp_path / HASH_CACHE).write_text(
+            json.dumps({"format": HASH_CACHE_FORMAT, "files": {"big.bin": entry}})
+        )
         assert HashCache(tmp_path).sha256("big.bin", f) == sha256_file(f)
 
 
