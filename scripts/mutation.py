@@ -43,7 +43,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "advantages": (["src/atlas/rl/advantages.py"], ["tests/test_rl_math.py", "tests/test_gae_edges.py"]),
     "losses": (["src/atlas/rl/losses.py"], ["tests/test_rl_math.py", "tests/test_loss_edges.py"]),
     "replay": (["src/atlas/rl/replay.py"], ["tests/test_replay.py", "tests/test_masked_logprobs.py"]),
-    "checkpoint": (["src/atlas/rl/checkpoint.py"], ["tests/test_checkpoint.py"]),
+    "checkpoint": (["src/atlas/rl/checkpoint.py"], ["tests/test_checkpoint.py", "tests/test_checkpoint_edges.py"]),
     "hashing": (
         ["src/atlas/hashing.py"],
         [
