@@ -61,7 +61,8 @@ def test_a_one_process_checkpoint_keeps_its_layout(policy, tmp_path):
     assert set(load_file(str(path / "rng.safetensors"))) == {"torch"}
     manifest = json.loads((path / MANIFEST).read_text())
     assert manifest["stage"] == "compact_checkpoint" and manifest["config"] == {"step": 4}
-    assert (path / STATE).read_text().endswith("}\n")
+    text = (path / STATE).read_text(encoding="utf-8")  # one spelling: sorted keys, indent 1
+    assert text == json.dumps(json.loads(text), indent=1, sort_keys=True) + "\n"
 
 
 def test_each_rank_restores_its_own_generators(policy, tmp_path):
@@ -99,13 +100,14 @@ def test_trainable_tensors_must_match_by_name(policy, tmp_path):
     path = save_compact(tmp_path, 1, ac, opts, scheds, {})
     actor = load_file(str(path / "actor.safetensors"))
     names = sorted(actor)
-    dropped = {n: actor[n] for n in names[4:]}  # four missing, one unexpected
-    dropped["not.a.parameter"] = torch.zeros(1)
+    dropped = {n: actor[n] for n in names[4:]}  # four missing, five unexpected: three of each named
+    dropped |= {f"not.a.parameter.{i}": torch.zeros(1) for i in range(5)}
     save_file(dropped, str(path / "actor.safetensors"))
     with pytest.raises(ValueError) as err:
         load_trainable(path, ac)
     assert str(err.value) == (
-        f"{path / 'actor.safetensors'}: tensors missing {names[:3]}, unexpected ['not.a.parameter']"
+        f"{path / 'actor.safetensors'}: tensors missing {names[:3]}, "
+        "unexpected ['not.a.parameter.0', 'not.a.parameter.1', 'not.a.parameter.2']"
     )
 
 
