@@ -66,6 +66,11 @@ def test_two_properties_are_joined_by_a_comma_in_required_order():
     assert admits(g, '{"b":"x","a":"y"}')
     assert not admits(g, '{"a":"y","b":"x"}')
     assert not admits(g, '{"b":"x""a":"y"}')
+    # an enum, then a code string
+    schema["properties"]["a"] = TOOLS["python"].schema["properties"]["code"]
+    g = COMPILER.compile_grammar(arguments_ebnf(schema))
+    assert admits(g, '{"b":"x","a":"ab"}')
+    assert not admits(g, '{"a":"ab"}')
 
 
 @pytest.mark.parametrize(
@@ -207,7 +212,9 @@ def tokenizer(tiny_model):
 def test_added_tokens_but_the_tags_and_the_stop_are_banned(tokenizer):
     added = tokenizer.get_added_vocab()
     eos = tokenizer.eos_token_id
-    info, banned = grammar_tokenizer_info(tokenizer, len(tokenizer), [eos])
+    padded = len(tokenizer) + 64  # a model's embedding is often larger than its tokenizer
+    info, banned = grammar_tokenizer_info(tokenizer, padded, [eos])
+    assert info.vocab_size == len(info.decoded_vocab) == padded
     assert banned == {i for t, i in added.items() if t not in ("<tool_call>", "</tool_call>") and i != eos}
     vocab = info.decoded_vocab
     for token, i in added.items():
@@ -215,14 +222,15 @@ def test_added_tokens_but_the_tags_and_the_stop_are_banned(tokenizer):
             assert vocab[i] == b"", token
         elif i != eos:
             assert vocab[i] == b"\xff" + token.encode(), token
-    assert info.stop_token_ids == [eos] and info.vocab_size == len(tokenizer)
+    assert info.stop_token_ids == [eos]
 
 
 def test_call_grammars_check_the_bound_and_cache_by_tool_set(tokenizer):
     eos = tokenizer.eos_token_id
     lcb = lcb_tools(CodeBounds(4, 1))
     bound = token_bound(lcb, 6)
-    grammars = CallGrammars(tokenizer, len(tokenizer), [eos], 6, bound + 1)
+    grammars = CallGrammars(tokenizer, len(tokenizer) + 64, [eos], 6, bound + 1)
+    assert grammars.info.vocab_size == len(tokenizer) + 64
     assert grammars.call_open_id == tokenizer.convert_tokens_to_ids("<tool_call>")
     assert grammars.call_close_id == tokenizer.convert_tokens_to_ids("</tool_call>")
     compiled = grammars.get(lcb)
@@ -230,10 +238,16 @@ def test_call_grammars_check_the_bound_and_cache_by_tool_set(tokenizer):
     assert grammars.get(dict(reversed(list(lcb.items())))) is compiled  # the same set, any order
     other = {"submit": Tool("submit", "other", lcb["submit"].schema)}
     assert grammars.get(other) is not compiled
+    wider = {**lcb, "submit": lcb_tools(CodeBounds(5, 1))["submit"]}  # the same names, another schema
+    assert grammars.get(wider) is not compiled and grammars.get(wider).token_bound == token_bound(wider, 6)
+    reordered = {
+        n: Tool(t.name, t.description, dict(reversed(list(t.schema.items())))) for n, t in lcb.items()
+    }
+    assert grammars.get(reordered) is compiled  # a schema is keyed by its content, not its key order
     tag, _ = structural_tag(lcb, 6, grammars.call_open_id, grammars.call_close_id)
     assert compiled.tag_json == tag.model_dump_json()
     again = grammars.from_tag_json(compiled.tag_json)
-    assert grammars.from_tag_json(compiled.tag_json) is again
+    assert isinstance(again, xgr.CompiledGrammar) and grammars.from_tag_json(compiled.tag_json) is again
     tight = CallGrammars(tokenizer, len(tokenizer), [eos], 6, bound)
     with pytest.raises(ConfigError) as err:
         tight.get(lcb)
