@@ -7,9 +7,11 @@
 Each module runs in its own scratch copy of the repository (the tracked and untracked files, no
 results), against its own fast unit tests only, so a run never touches the working tree and the
 per-module scores do not mix. mutmut 3 mutates the copy's src/ into mutants/, records which test
-reaches which function, then runs only those tests against each mutant in a forked worker (from a
-fork server: torch is not fork-safe after import). It needs `pip install mutmut` (3.8); it is not a
-CI step (minutes of CPU per module). The table it prints is the one in docs/testing.md.
+reaches which function, then runs only those tests against each mutant in a worker forked from a
+fork server that has imported torch and the runtime (PRELOAD). Modules whose tests need the tiny
+model get it built once per run (PREBUILT); ONLY_FUNCTIONS scores some functions of a file. It
+needs `pip install mutmut==3.8.1`; it is not a CI step and pytest never collects it (minutes of
+CPU per module). The table it prints is the one in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "advantages": (["src/atlas/rl/advantages.py"], ["tests/test_rl_math.py", "tests/test_gae_edges.py"]),
     "losses": (["src/atlas/rl/losses.py"], ["tests/test_rl_math.py", "tests/test_loss_edges.py"]),
     "replay": (["src/atlas/rl/replay.py"], ["tests/test_replay.py", "tests/test_masked_logprobs.py"]),
-    "checkpoint": (["src/atlas/rl/checkpoint.py"], ["tests/test_checkpoint.py", "tests/test_checkpoint_edges.py"]),
+    "checkpoint": (
+        ["src/atlas/rl/checkpoint.py"],
+        ["tests/test_checkpoint.py", "tests/test_checkpoint_edges.py"],
+    ),
     "hashing": (
         ["src/atlas/hashing.py"],
         [
@@ -120,7 +125,7 @@ PRELOAD = [
 
 
 def mutated_function(name: str) -> str:
-    """"Class.method" or "function" of a mutmut mutant name such as
+    """The function ("Class.method" or "function") of a mutmut mutant name such as
     atlas.graders.sandbox.xǁ_Cappedǁadd__mutmut_3 or atlas.rl.rewards.x_shape_episode__mutmut_1."""
     mangled = name.rsplit("__mutmut_", 1)[0].rsplit(".", 1)[-1]
     if mangled.startswith("xǁ"):
