@@ -99,3 +99,25 @@ def test_a_token_the_grammar_forbids_is_refused(rollout):
     tampered.token_ids[span.end - 2] = rt.call_open_id  # a second call-open inside the call
     with pytest.raises(ValueError, match="is not legal under the grammar it was sampled with"):
         replay_masks(tampered, rt)
+
+
+def test_the_refusal_names_the_question_sample_and_position(rollout):
+    rt, episodes = rollout
+    ep = episodes[0]
+    span = ep.generations[0]
+    tampered = type(ep)(**{**ep.__dict__, "token_ids": list(ep.token_ids)})
+    tampered.token_ids[span.end - 2] = rt.call_open_id
+    with pytest.raises(ValueError) as err:
+        replay_masks(tampered, rt)
+    assert str(err.value) == (
+        f"{ep.question['question_uid']} sample {ep.sample}: token {rt.call_open_id} at position "
+        f"{span.end - 2} is not legal under the grammar it was sampled with"
+    )
+
+
+def test_an_episode_without_generations_has_no_masks(rollout):
+    rt, episodes = rollout
+    empty = type(episodes[0])(**{**episodes[0].__dict__, "generations": []})
+    masks = replay_masks(empty, rt)
+    assert masks.positions.tolist() == [] and masks.positions.dtype == torch.long
+    assert masks.bitmask.numel() == 0
