@@ -143,6 +143,8 @@ def test_report25_composes_with_the_reports_settings(report25):
         assert (model.lora_rank, model.lora_alpha, model.target_modules) == (64, 128, "all-linear")
         assert model.path == paths.model
         assert model.enable_gradient_checkpointing and model.use_remove_padding
+        # no flash-attn package in the CPU venv: auto resolves to sdpa for actor, ref and critic
+        assert model.override_config.attn_implementation == "sdpa"
     for fsdp in (ar.actor.fsdp_config, c.critic.fsdp):
         assert (fsdp.param_offload, fsdp.optimizer_offload, fsdp.model_dtype) == (True, False, "bf16")
     assert ar.actor.use_remove_padding is True  # interpolated from the model section
@@ -169,6 +171,29 @@ def test_report25_composes_with_the_reports_settings(report25):
         assert (optim.lr_scheduler_type, optim.lr_warmup_steps) == ("constant", 0)
     assert c.reward.custom_reward_function.path == paths.reward_fn_path
     assert c.reward.custom_reward_function.name == "compute_score"
+
+
+@pytest.mark.parametrize("chosen", ["auto", "flash_attention_2", "sdpa"])
+def test_the_attention_reaches_the_hf_configs_verl_builds(hf_model, tmp_path, monkeypatch, chosen):
+    """training.verl.attn_implementation becomes the attention of the HF config verl's
+    HFModelConfig builds for the actor and the critic; auto follows whether flash-attn imports."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    import atlas.verl.config as verl_config
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        verl_config.importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "flash_attn" else real_find_spec(name, *a),
+    )
+    cfg = tiny_verl({"attn_implementation": chosen})
+    c = compose(verl_overrides(cfg, "training_smoke", verl_paths(tmp_path, hf_model)))
+    want = "flash_attention_2" if chosen == "auto" else chosen  # flash-attn "installed" here
+    assert c.actor_rollout_ref.model.override_config.attn_implementation == want
+    assert c.critic.model.override_config.attn_implementation == want
+    critic_model = omega_conf_to_dataclass(c.critic.model)
+    assert critic_model.hf_config._attn_implementation == want
 
 
 def test_verl_dataclasses_read_the_composed_sections(report25):

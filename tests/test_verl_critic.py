@@ -4,9 +4,10 @@ What runs for real: verl's HFModelConfig, verl's own `_build_lora_module` (the d
 atlas's override, verl's FSDP2 wrapping (`apply_fsdp2`) on a one-rank gloo CPU mesh, verl's
 optimizer builder and value loss, verl's FSDPCheckpointManager save/load and its resume lookup.
 What cannot run on CPU: `FSDPEngine.__init__` (it builds a CUDA device mesh, verl has no CPU
-platform) and verl's model loader (it asks for flash_attention_2). So the critic is loaded with
-the same call verl makes (utils/model.py:645) with sdpa attention, and the engine methods are
-called on an engine object whose __init__ did not run; they read only `self.model_config`.
+platform). So the critic is loaded by atlas.verl.critic.load_value_model, the loader CriticEngine's
+_build_module puts in place of verl's (which asks for flash_attention_2 whatever the config says),
+with sdpa attention, and the engine methods are called on an engine object whose __init__ did not
+run; they read only `self.model_config`.
 
 The file skips without verl (the project's own venv) unless ATLAS_REQUIRE_VERL is set.
 """
@@ -104,17 +105,15 @@ def model_config(tmp_path_factory) -> HFModelConfig:
 def value_model(model_config: HFModelConfig, seed: int):
     """The critic as verl 0.9.1 loads it: FSDPEngine._build_module for model_type 'value_model'
     (workers/engine/fsdp/transformer_impl.py:290-305) sets these config fields and calls
-    load_valuehead_model (utils/model.py:641), i.e. AutoModelForTokenClassification.from_pretrained
-    (utils/model.py:645). Same call here with sdpa: flash-attn does not exist on CPU."""
+    load_valuehead_model (utils/model.py:641), which CriticEngine replaces with
+    critic.load_value_model (the model config's attention, sdpa here)."""
     hf = model_config.hf_config
     hf.num_labels = 1
     hf.classifier_dropout = 0.0
     hf.hidden_dropout = "0"
     hf.summary_dropout_prob = 0.0
     torch.manual_seed(seed)  # the head is not in the base checkpoint: random at every build
-    return AutoModelForTokenClassification.from_pretrained(
-        model_config.local_path, torch_dtype=torch.float32, config=hf, attn_implementation="sdpa"
-    )
+    return critic.load_value_model(model_config.local_path, torch.float32, hf, trust_remote_code=False)
 
 
 def engine_for_lora_build(cls, model_config: HFModelConfig):
@@ -329,6 +328,30 @@ def test_value_head_keys_of_plain_and_peft_critics(model_config):
     assert critic.value_head_keys(model.state_dict()) == HEAD
     with pytest.raises(ValueError, match="nn.Linear with out_features=1"):
         critic.value_head_name(model.base_model.model.model)  # the decoder without a head
+
+
+def test_the_critic_loads_with_the_attention_its_config_names(model_config):
+    """verl's loader asks for flash_attention_2 whatever override_config says; without flash-attn
+    (and without trl) it fails. While CriticEngine builds, verl.utils.model's loader is ours, and
+    the critic is a one-label token classifier with the configured attention."""
+    import importlib.util
+
+    import verl.utils.model as verl_model_utils
+
+    hf = model_config.hf_config
+    assert hf._attn_implementation == "sdpa"
+    hf.num_labels = 1
+    verl_loader = verl_model_utils.load_valuehead_model
+    if importlib.util.find_spec("flash_attn") is None and importlib.util.find_spec("trl") is None:
+        with pytest.raises(RuntimeError, match="not a value head model, please install trl"):
+            verl_loader(model_config.local_path, torch.float32, hf, trust_remote_code=False)
+    with critic._value_model_loader():
+        assert verl_model_utils.load_valuehead_model is critic.load_value_model
+        model = verl_model_utils.load_valuehead_model(model_config.local_path, torch.float32, hf, False)
+    assert verl_model_utils.load_valuehead_model is verl_loader
+    assert isinstance(model, AutoModelForTokenClassification._model_mapping[type(hf)])
+    assert model.config._attn_implementation == "sdpa"
+    assert model.score.out_features == 1
 
 
 # --- installation ----------------------------------------------------------------------------

@@ -299,6 +299,12 @@ class VerlConfig(_Strict):
     )
     param_offload: bool = Field(default=True, description="FSDP parameters offloaded to CPU between phases.")
     optimizer_offload: bool = Field(default=False, description="FSDP optimizer state offloaded to CPU.")
+    attn_implementation: Literal["auto", "flash_attention_2", "sdpa"] = Field(
+        default="auto",
+        description="Attention of verl's actor, reference and critic: auto = flash_attention_2 where "
+        "the flash-attn package is installed, else sdpa (transformers then masks packed rows "
+        "block-causally).",
+    )
     ray_address: str | None = Field(
         default=None, description="Address of a running Ray cluster; null starts a local one."
     )
