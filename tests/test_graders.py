@@ -451,6 +451,26 @@ def test_grade_many_keeps_input_order_and_runs_in_parallel(scratch_root):
     assert_contained(scratch_root)
 
 
+def test_grade_many_runs_each_program_in_a_sandbox_of_its_own(sandboxed, scratch_root, monkeypatch):
+    """Sandboxes started ahead (a worker's next program's, while it grades the present one) each
+    run one program: what a program leaves in its /tmp never reaches the next one, and no
+    sandbox, used or not, outlives grade_many."""
+    loaded = []
+    load = sandbox.Sandbox.load
+    monkeypatch.setattr(
+        sandbox.Sandbox, "load", lambda box, *a, **k: (loaded.append(box), load(box, *a, **k))
+    )
+    code = (
+        "import os\nseen = os.listdir('/tmp')\nopen(f'/tmp/{os.getpid()}', 'w').close()\n"
+        "print('fresh' if not seen else f'seen {seen}')"
+    )
+    jobs = [(code, [Case("stdin", "", "fresh")], None)] * 7
+    verdicts = grade_many(jobs, cfg=GraderConfig(workers=2))
+    assert [(v.status, v.tests[0].detail) for v in verdicts] == [("passed", "")] * 7
+    assert len(loaded) == len({id(box) for box in loaded}) == 7
+    assert_contained(scratch_root)
+
+
 def test_summary_is_capped():
     v = grade_code("print(1)", all_tests(SUM_MOD_3), func_name=None, cfg=CFG)
     full = summarize(v, 1000)

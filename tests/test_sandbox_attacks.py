@@ -560,6 +560,49 @@ def test_a_killed_grader_leaves_nothing(workflow, sig):
     assert_nothing_left(workflow)
 
 
+GRADE_MANY = """
+from atlas.config import GraderConfig
+from atlas.data.schema import TestCase
+from atlas.graders.lcb import grade_many
+jobs = [("import time\\ntime.sleep(30)", [TestCase("stdin", "", "0")], None)] * 6
+grade_many(jobs, cfg=GraderConfig(test_timeout_s=30.0, program_timeout_s=30.0, workers=2))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_killed_grader_leaves_no_sandbox_started_ahead(workflow, sig):
+    proc = subprocess.Popen([sys.executable, "-c", GRADE_MANY], cwd=workflow, stderr=subprocess.PIPE)
+    # Two programs sleeping (a driver and its test's child each) and each worker's next sandbox
+    # started ahead (a driver waiting for its program): six interpreters.
+    try:
+        give_up = time.monotonic() + 60
+        seen = 0
+        while seen < 10 and time.monotonic() < give_up:
+            seen = seen + 1 if len(sandbox_interpreters()) >= 6 else 0
+            time.sleep(0.05)
+        assert len(sandbox_interpreters()) == 6
+    finally:
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+    assert proc.returncode == -sig, proc.stderr.read()
+    proc.stderr.close()
+    assert_nothing_left(workflow)
+
+
+def sandbox_interpreters() -> list[int]:
+    """The processes of this test's sandboxes that run the interpreter (drivers and their forks)."""
+    found = []
+    for pid in sandboxed_processes():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if os.path.basename(argv[0]).startswith(b"python"):
+            found.append(pid)
+    return found
+
+
 def test_the_next_grader_sweeps_stale_scratch_folders(workflow, tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
