@@ -460,7 +460,8 @@ class GraderConfig(_Strict):
         ge=1000,
         le=4_000_000_000,
         description="First host uid of the sandboxes when the grader runs as root: each sandbox "
-        "runs as this plus its grading thread's id, a uid nothing else on the machine uses.",
+        "runs as this plus twice its grading thread's id plus its slot (0 or 1: the sandbox grading "
+        "and the next one, started ahead), a uid nothing else on the machine uses.",
     )
     require_network_isolation: bool = Field(
         default=False,

@@ -27,7 +27,8 @@ and written to a pipe of its own; the driver turns it into JSON. A raise, a valu
 Where the sandbox has its own PID namespace (CONTAINED=1), the driver is its init (bwrap
 --as-pid-1), so no process inside but the driver can be traced or written to (it is not dumpable),
 and every process but the driver is killed after each test, so nothing a test leaves running sees
-the next test. Each test's child installs a seccomp filter before the program runs (DENIED below).
+the next test. The driver runs under a seccomp filter, and each test's child adds a stricter one
+before the program runs (DENIED and DRIVER_NEEDS below).
 """
 
 import atexit
@@ -68,18 +69,21 @@ _exit = os._exit  # a program that replaces os._exit must not fall back into the
 VALUE_JSON_CAP = 16 << 20  # characters of a returned value's JSON text, counted while it is built
 DRIVER_HEADROOM_MB = 512  # the driver's own RLIMIT_AS is the program's memory_mb plus this
 
-# --- the seccomp filter of a test's child ---------------------------------------------------------
+# --- the seccomp filters of the driver and of a test's child --------------------------------------
 # System calls a program never needs, each refused with EPERM: ptrace and cross-process memory,
-# descriptors taken from other processes, memory outside RLIMIT_AS (SysV shm / msg / sem, memfds,
-# tmpfs xattrs, keyrings, io_uring buffers), kernel interfaces (perf, bpf, userfaultfd), and
-# namespaces and mounts (already refused for want of capabilities). The driver itself runs
-# unfiltered: it has created the test's stdin memfd and pidfd before the fork.
+# descriptors taken from other processes, memory outside RLIMIT_AS (SysV shm / msg / sem, POSIX
+# message queues, memfds, tmpfs xattrs, keyrings, io_uring buffers), kernel interfaces (perf, bpf,
+# userfaultfd), and namespaces and mounts (already refused for want of capabilities). The driver
+# runs under the same filter but for DRIVER_NEEDS: it creates each test's stdin memfd and pidfd
+# before the fork; the child then adds the whole filter.
 DENIED = (
     "ptrace process_vm_readv process_vm_writev pidfd_getfd pidfd_open kcmp shmget shmat shmctl "
-    "msgget semget setxattr lsetxattr fsetxattr add_key request_key keyctl memfd_create memfd_secret "
+    "msgget semget mq_open setxattr lsetxattr fsetxattr add_key request_key keyctl memfd_create "
+    "memfd_secret "
     "perf_event_open bpf userfaultfd io_uring_setup io_uring_enter io_uring_register unshare setns "
     "mount open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr"
 ).split()
+DRIVER_NEEDS = ("memfd_create", "pidfd_open")
 _COMMON = {  # numbers shared by every architecture since Linux 5.1
     "pidfd_getfd": 438, "pidfd_open": 434, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
@@ -90,17 +94,17 @@ _COMMON = {  # numbers shared by every architecture since Linux 5.1
 SYSCALLS = {
     "x86_64": (0xC000003E, {
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "shmget": 29,
-        "shmat": 30, "shmctl": 31, "msgget": 68, "semget": 64, "setxattr": 188, "lsetxattr": 189,
-        "fsetxattr": 190, "add_key": 248, "request_key": 249, "keyctl": 250, "memfd_create": 319,
-        "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "unshare": 272, "setns": 308,
-        "mount": 165, **_COMMON,
+        "shmat": 30, "shmctl": 31, "msgget": 68, "semget": 64, "mq_open": 240, "setxattr": 188,
+        "lsetxattr": 189, "fsetxattr": 190, "add_key": 248, "request_key": 249, "keyctl": 250,
+        "memfd_create": 319, "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "unshare": 272,
+        "setns": 308, "mount": 165, **_COMMON,
     }),
     "aarch64": (0xC00000B7, {
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "shmget": 194,
-        "shmat": 196, "shmctl": 195, "msgget": 186, "semget": 190, "setxattr": 5, "lsetxattr": 6,
-        "fsetxattr": 7, "add_key": 217, "request_key": 218, "keyctl": 219, "memfd_create": 279,
-        "perf_event_open": 241, "bpf": 280, "userfaultfd": 282, "unshare": 97, "setns": 268,
-        "mount": 40, **_COMMON,
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
+        "shmget": 194, "shmat": 196, "shmctl": 195, "msgget": 186, "semget": 190, "mq_open": 180,
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "add_key": 217, "request_key": 218,
+        "keyctl": 219, "memfd_create": 279, "perf_event_open": 241, "bpf": 280, "userfaultfd": 282,
+        "unshare": 97, "setns": 268, "mount": 40, **_COMMON,
     }),
 }  # fmt: skip
 X32_BIT = 0x40000000  # x86_64 system calls of the x32 ABI: refused as a whole
@@ -108,13 +112,14 @@ _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
 
 
-def seccomp_program(machine: str) -> bytes:
-    """The classic BPF program (struct sock_filter array) of the child's filter on `machine`.
+def seccomp_program(machine: str, names: tuple[str, ...] | list[str] = tuple(DENIED)) -> bytes:
+    """The classic BPF program (struct sock_filter array) refusing the system calls `names` (by
+    default DENIED, the child's filter) on `machine`.
 
     A call made under another audit arch than the machine's own (a 32-bit `int 0x80` on x86_64)
     is refused whatever its number, since the numbers below would not apply to it."""
     arch, numbers = SYSCALLS[machine]
-    denied = sorted({numbers[name] for name in DENIED})
+    denied = sorted({numbers[name] for name in names})
     op = struct.Struct("=HBBI").pack
     deny_at = 3 + len(denied) + 1 + (machine == "x86_64")  # index of the final RET EPERM
     prog = [op(_BPF_LD_W_ABS, 0, 0, 4), op(_BPF_JEQ_K, 0, deny_at - 2, arch), op(_BPF_LD_W_ABS, 0, 0, 0)]
@@ -523,6 +528,7 @@ def main() -> None:
     machine = os.uname().machine
     if machine in SYSCALLS:
         _filter = Seccomp(seccomp_program(machine))
+        Seccomp(seccomp_program(machine, [n for n in DENIED if n not in DRIVER_NEEDS])).install()
     elif contained:
         sys.exit(f"atlas sandbox driver: no seccomp system call table for {machine}")
     memory = (setup["memory_mb"] + DRIVER_HEADROOM_MB) << 20

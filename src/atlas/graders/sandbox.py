@@ -11,7 +11,8 @@ The sandbox holds:
   a network of its own with nothing in it (the host's loopback and sockets are out of reach), and
   a fresh `/proc`; a minimal read-only `/dev`; no `/sys`;
 - a seccomp filter in each test's child (driver.DENIED): no ptrace, no descriptors or memory of
-  other processes, no memory outside RLIMIT_AS (SysV IPC, memfds, xattrs, keyrings, io_uring);
+  other processes, no memory outside RLIMIT_AS (SysV IPC, POSIX message queues, memfds, xattrs,
+  keyrings, io_uring); the driver runs under the same filter but for memfds and pidfds;
 - a read-only root with `/usr` and the interpreter's prefix, with every `site-packages` and
   `dist-packages` folder, the grader's virtual environment and its working directory covered by
   empty read-only folders: no project, no workflow, no host `/tmp`, `/dev/shm` or `/run`;
@@ -20,8 +21,10 @@ The sandbox holds:
 
 The host uid matters: started as root, bwrap would map the sandbox's user to host root, and the
 kernel checks `/proc/sys` against that. As root, the grader therefore starts bwrap as an
-unprivileged uid of its own, `sandbox_uid_base` + the grading thread's id (unique while the thread
-lives, so two programs never share a uid and RLIMIT_NPROC counts one sandbox). Since that uid
+unprivileged uid of its own, `sandbox_uid_base` + 2 x the grading thread's id + a slot, 0 or 1
+(a thread holds at most two sandboxes: the one grading and the next one, started ahead; thread ids
+are unique while the thread lives, so two programs never share a uid and RLIMIT_NPROC counts one
+sandbox). Since that uid
 cannot reach an interpreter under a private home (pyenv's /root/.pyenv), a first bwrap, still root,
 makes a private mount namespace where the interpreter's prefix is bound at /tmp/atlas-python, then
 `setpriv` drops to the uid and runs the sandbox's bwrap there; that first bwrap has a PID
@@ -30,7 +33,13 @@ namespace of its own, so everything below it dies with its init.
 Bounds: the driver kills a test at its time bound and the grader waits HOST_GRACE_S more before it
 kills the whole sandbox; per test RLIMIT_AS / CPU / FSIZE / NOFILE; per sandbox RLIMIT_NPROC and the
 scratch size. `--die-with-parent` chains every process to the grading thread: a grader killed with
-SIGKILL or SIGTERM takes its sandboxes with it. Expected outputs never enter the sandbox.
+SIGKILL or SIGTERM takes its sandboxes with it, those started ahead of their program included.
+Expected outputs never enter the sandbox.
+
+A sandbox can start before its program is known (`Sandbox(mode=..., limits=...)`, then `load`):
+bwrap, the interpreter and lcb_runner's imports are then ready when the program comes, which
+lcb.grade_many uses to overlap a sandbox's start with the grading before it. It still runs one
+program, then it is closed.
 
 Where bwrap cannot start (no user namespaces), programs run under the same driver without it, and
 every result says `sandboxed=False`; with `require_network_isolation` the run is refused instead.
