@@ -181,6 +181,30 @@ def test_a_prompt_asked_several_times_is_computed_once(runtime):
     assert set(fast._caches) == {(4, length), (16, length)}
 
 
+def test_a_batch_past_the_cache_budget_runs_in_chunks_with_the_same_tokens(runtime):
+    """cache_bytes that fit 2 rows (with their shrink buckets): 5 requests run as 3 chunks, and
+    every row equals one batch's; a call at another length drops the caches of this one; a
+    budget under one row is refused with the numbers."""
+    requests = requests_for(runtime, 5)
+    whole = eager_static_engine(runtime, min_batch=1).generate(requests)
+    width = max(len(r.prompt_ids) for r in requests)
+    length = cache_length(width + 1000, 64)
+    probe = eager_static_engine(runtime)
+    two_rows = 2 * 2 * length * probe.position_bytes
+    fast = eager_static_engine(runtime, min_batch=1, cache_bytes=two_rows + 1)
+    assert (fast.chunk_rows(5, length), fast.chunk_rows(1, length)) == (2, 1)
+    chunked = fast.generate(requests)
+    assert fast.last_timing["chunks"] == 3
+    assert_same_rows(whole, chunked)
+    assert max(rows for rows, _ in fast._caches) == 2
+    short = requests_for(runtime, 2, max_new=5)
+    fast.generate(short)
+    assert {n for _, n in fast._caches} == {cache_length(max(len(r.prompt_ids) for r in short) + 5, 64)}
+    tight = eager_static_engine(runtime, cache_bytes=probe.position_bytes)
+    with pytest.raises(RuntimeError, match=r"passes the engine's cache_bytes \(\d+\)"):
+        tight.generate(requests)
+
+
 def test_a_runtime_on_a_gpu_generates_with_the_static_engine(runtime):
     from atlas.runtime.engine import HFEngine
     from atlas.runtime.session import make_runtime
