@@ -433,6 +433,26 @@ def test_launcher_dry_run_prepares_a_run_verl_accepts(tiny_model, data_dir, tmp_
         in overrides
     )
     assert "python" in capsys.readouterr().out and not (tmp_path / "run").exists()
+    # What verl's agent-loop worker does: the YAML fills its registry, and the first episode's
+    # instantiation imports this module; the entry must still name the settings afterwards.
+    probe = (
+        "import sys, hydra; from omegaconf import OmegaConf; "
+        "from verl.experimental.agent_loop import agent_loop as al; "
+        "[al._agent_loop_registry.__setitem__(c.name, c) for c in OmegaConf.load(sys.argv[1])]; "
+        "hydra.utils.get_class(al._agent_loop_registry['atlas_tool_agent']['_target_']); "
+        "print(al._agent_loop_registry['atlas_tool_agent'].get('settings'))"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(root / "verl" / "agent_loop.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == loop[0]["settings"]
 
 
 def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
