@@ -210,6 +210,9 @@ def test_dot_test_configs_plan_and_lint(config, tmp_path):
         assert "python -m atlas.stages.train_verl " in out and "python -m atlas.stages.train " not in out
     elif config == "config_gpu":
         assert re.search(r"rule train:(.|\n)*?resources: .*gpu=2", out)
+        # every job that holds a model on the GPU claims one, so `--resources gpu=N` caps them all
+        for rule in ("smoke", "boundary", "validation"):
+            assert re.search(rf"rule {rule}:(.|\n)*?resources: .*gpu=1", out), rule
     else:
         assert "python -m atlas.stages.train " in out
     lint = run_snakemake(wf, "--lint", "--configfile", configfile, timeout=120)
