@@ -211,8 +211,14 @@ def test_dot_test_configs_plan_and_lint(config, tmp_path):
     elif config == "config_gpu":
         assert re.search(r"rule train:(.|\n)*?resources: .*gpu=2", out)
         # every job that holds a model on the GPU claims one, so `--resources gpu=N` caps them all
+        blocks = re.split(r"\n(?=(?:local)?rule \w+:)", out)
+        claims = {
+            m.group(1): re.search(r"resources: .*", b).group(0)
+            for b in blocks
+            if (m := re.match(r"(?:local)?rule (\w+):", b))
+        }
         for rule in ("smoke", "boundary", "validation"):
-            assert re.search(rf"rule {rule}:(.|\n)*?resources: .*gpu=1", out), rule
+            assert "gpu=1" in claims[rule], (rule, claims[rule])
     else:
         assert "python -m atlas.stages.train " in out
     lint = run_snakemake(wf, "--lint", "--configfile", configfile, timeout=120)
