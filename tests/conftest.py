@@ -1,4 +1,13 @@
-"""Shared test helpers: the repository, its fixtures, and copies of the workflow to edit."""
+"""Shared test helpers: the repository, its fixtures, and copies of the workflow to edit.
+
+The suite is in four folders, each test marked with its folder's name (`-m unit`, ...):
+- `unit/`: the library in this process (and its CLIs, graders, the tiny model): no Snakemake,
+  no training process;
+- `workflow/`: reads the one pipeline run (the `pipeline` fixture), never changes it;
+- `reruns/`: Snakemake plans and runs, and training processes, on copies of the workflow or of
+  the pipeline run;
+- `gpu/`: needs CUDA (skips without it).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +26,15 @@ from ci_skips import pytest_runtest_makereport  # noqa: F401  (the hook: no guar
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "resources" / "fixtures"
 WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "envs", "src", "resources", "report")
+FOLDERS = ("unit", "workflow", "reruns", "gpu")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Mark each test with its folder (the markers in pyproject.toml)."""
+    for item in items:
+        folder = item.path.parent.name
+        if folder in FOLDERS:
+            item.add_marker(folder)
 
 
 def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:

@@ -19,8 +19,6 @@ import pytest
 
 from conftest import copy_pipeline, copy_workflow, run_snakemake
 
-pytestmark = pytest.mark.slow
-
 RUN = "training_smoke"  # 2 steps, a checkpoint after each
 TARGET = f"results/runs/{RUN}"
 CKPTS = f"results/checkpoints/{RUN}"

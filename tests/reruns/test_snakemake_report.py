@@ -150,7 +150,6 @@ def test_the_captions_cover_every_figure_and_table():
     )
 
 
-@pytest.mark.slow
 def test_report_shows_figures_tables_and_statistics_in_chromium(report_html, tmp_path):
     exe = _chromium()
     html = report_html.read_text(encoding="utf-8")

@@ -54,7 +54,7 @@ def test_ci_runs_the_readme_commands():
         "bash scripts/setup.sh",
         ". .venv/bin/activate",
         "python -m pytest\n",
-        'ATLAS_REQUIRE_VERL=1 .venv-verl/bin/python -m pytest -m "not slow" tests/test_rl_math.py tests/test_verl_*.py',
+        "ATLAS_REQUIRE_VERL=1 .venv-verl/bin/python -m pytest tests/unit/test_rl_math.py tests/unit/test_verl_*.py",
     ):
         assert command in readme and command in ci, command
 

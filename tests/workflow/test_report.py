@@ -6,18 +6,11 @@ a grader fix."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib.image as mpimg
 import polars as pl
-import pytest
 import yaml
-
-from conftest import copy_pipeline, jobs_to_run, outputs_to_run
-
-pytestmark = pytest.mark.slow
 
 REPORT = Path("results/report25")
 TABLES = [
@@ -322,7 +315,7 @@ def test_figures_and_records(pipeline):
         "step_metrics.png",
         "validation_curves.png",
     ]
-    for f in figures:  # real images with ink on them; what they show: tests/test_figures.py
+    for f in figures:  # real images with ink on them; what they show: tests/unit/test_figures.py
         pixels = mpimg.imread(f)
         assert pixels.ndim == 3 and min(pixels.shape[:2]) > 200 and (pixels[..., :3] < 0.5).any(), f.name
     records = {p.name for p in (pipeline / REPORT / "records").iterdir()}
@@ -343,63 +336,3 @@ def test_figures_and_records(pipeline):
     assert {"smoke.protocol.json", "boundary.boundary.json", "dose_step.dose_step.json"} <= records
     copied = pipeline / REPORT / "records" / "checks.zero_potential.cpu_roundtrip.json"
     assert copied.read_bytes() == (pipeline / "results/checks/zero_potential/cpu_roundtrip.json").read_bytes()
-
-
-def test_a_second_run_does_nothing_and_verify_passes(pipeline):
-    assert jobs_to_run(pipeline, ["results/report25"]) == set()
-    proc = subprocess.run(
-        [sys.executable, "-m", "atlas", "verify", "results/report25"],
-        cwd=pipeline,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok results/report25", proc.stdout + proc.stderr
-
-
-def test_verify_names_a_changed_file(pipeline, tmp_path):
-    wf = copy_pipeline(pipeline, tmp_path / "wf", drop=("results/checkpoints",))
-    target = wf / REPORT / "tables" / "arms_validation_curve.csv"
-    data = bytearray(target.read_bytes())
-    data[-2] = ord("9") if data[-2] != ord("9") else ord("8")
-    target.write_bytes(bytes(data))
-    proc = subprocess.run(
-        [sys.executable, "-m", "atlas", "verify", "results/report25"], cwd=wf, capture_output=True, text=True
-    )
-    assert proc.returncode == 1
-    assert "MISMATCH results/report25/tables/arms_validation_curve.csv: sha256" in proc.stdout
-    assert proc.stdout.count("MISMATCH") == 1
-
-
-def test_a_checks_setting_plans_only_the_checks_and_the_report_again(pipeline, tmp_path):
-    """checks.resumed_steps is in the checks' slice alone: no training or validation reruns (the
-    distributed roundtrip does: its rank files are a temp() input of the checks)."""
-    wf = copy_pipeline(pipeline, tmp_path / "wf", drop=("results/checkpoints",))
-    cfg = wf / "config" / "config.yaml"
-    assert "resumed_steps: 1" in cfg.read_text()
-    cfg.write_text(cfg.read_text().replace("resumed_steps: 1", "resumed_steps: all"))
-    assert jobs_to_run(wf, ["results/report25"]) == {"distributed_roundtrip", "checks", "report"}
-
-
-def test_grader_fix_plans_only_the_grader_dependent_jobs(pipeline, tmp_path):
-    wf = copy_pipeline(pipeline, tmp_path / "wf", drop=("results/checkpoints",))
-    grader = wf / "src" / "atlas" / "graders" / "lcb.py"
-    grader.write_text(grader.read_text() + "\n# a grader fix\n")
-    arm = ["results/checks/zero_potential", "results/validation/zero_potential"]
-    assert outputs_to_run(wf, arm) == {
-        "results/runs/zero_potential",
-        "results/checks/zero_potential.distributed",
-        "results/checks/zero_potential",
-        "results/validation/zero_potential",
-    }
-    # The whole report: everything that runs a grader, and nothing upstream of them.
-    assert jobs_to_run(wf, ["results/report25"]) == {
-        "smoke",
-        "boundary",
-        "train",
-        "dose_step",
-        "distributed_roundtrip",
-        "checks",
-        "validation",
-        "report",
-    }
-    assert "results/data/train.parquet" not in outputs_to_run(wf, ["results/report25"])
