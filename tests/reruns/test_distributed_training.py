@@ -1,5 +1,5 @@
-"""Data-parallel training on two gloo ranks (torchrun) against one process, on the embedded default:
-the same step metrics, records and trainable tensors within float tolerance, the same run-folder
+"""Data-parallel training on two gloo ranks (torchrun) against one process (the pipeline run's
+training smoke), on a copy of the pipeline run: the same step metrics, records and trainable tensors within float tolerance, the same run-folder
 shape, and a two-rank job killed after its first checkpoint that resumes to the same bytes."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from atlas.config import config_slice, load_config
 from atlas.hashing import verify
-from conftest import copy_workflow, run_snakemake
+from conftest import copy_pipeline, copy_workflow, run_snakemake
 
 RUN = "training_smoke"  # 2 steps, a checkpoint after each, validation before and after
 # Float32 sums in another order (half-batch sums, then the all-reduce) and batches padded to
@@ -34,11 +34,10 @@ def measured(df: pl.DataFrame) -> pl.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    """A workflow copy with the data and the tiny model built: the training stage's inputs."""
-    wf = copy_workflow(tmp_path_factory.mktemp("dp"))
-    run_snakemake(wf, "--cores", "2", "results/data/train.parquet", "results/models/tiny")
-    return wf
+def inputs(pipeline, tmp_path_factory) -> Path:
+    """A copy of the pipeline run: the training stage's inputs (data, tiny model), and its
+    training smoke, the one-process run of RUN that the two-rank runs are compared with."""
+    return copy_pipeline(pipeline, tmp_path_factory.mktemp("dp") / "wf")
 
 
 def train_command(wf: Path, ranks: int, name: str) -> list[str]:
@@ -88,9 +87,14 @@ def train(wf: Path, ranks: int, name: str) -> Path:
     return wf / "results/runs" / name
 
 
+# Run names: the pipeline's one-process run of RUN (Snakemake's train job, the same command as
+# train_command(wf, 1, RUN)), and the two-rank run this module makes.
+NAMES = {1: RUN, 2: "ranks2"}
+
+
 @pytest.fixture(scope="module")
 def runs(inputs) -> dict[int, Path]:
-    return {n: train(inputs, n, f"ranks{n}") for n in (1, 2)}
+    return {1: inputs / "results/runs" / NAMES[1], 2: train(inputs, 2, NAMES[2])}
 
 
 def close(a, b) -> bool:
@@ -101,9 +105,13 @@ def test_two_ranks_write_the_run_folder_of_one_process(runs, inputs, monkeypatch
     monkeypatch.chdir(inputs)  # manifests name inputs relative to the workflow directory
     one, two = runs[1], runs[2]
     assert verify(two) == []
-    assert sorted(p.relative_to(two).as_posix() for p in two.rglob("*") if "wandb" not in p.parts) == sorted(
-        p.relative_to(one).as_posix() for p in one.rglob("*") if "wandb" not in p.parts
+    # (Snakemake marks a finished directory output with .snakemake_timestamp: not the stage's.)
+    listing = lambda run: sorted(  # noqa: E731
+        p.relative_to(run).as_posix()
+        for p in run.rglob("*")
+        if "wandb" not in p.parts and p.name != ".snakemake_timestamp"
     )
+    assert listing(two) == listing(one)
     assert pl.read_parquet(two / "validation.parquet").equals(pl.read_parquet(one / "validation.parquet"))
     # the same tokens, masks and scores; the rollout log-probs of a row differ in float noise
     # with the width of the batch it was generated in (half the episodes on each rank)
@@ -158,7 +166,7 @@ TOLERANCE = {
 def test_two_ranks_train_the_same_tensors(runs, inputs):
     for step in (1, 2):
         for name, (rtol, atol) in TOLERANCE.items():
-            a = load_file(str(inputs / f"results/checkpoints/ranks1/step_{step}/{name}.safetensors"))
+            a = load_file(str(inputs / f"results/checkpoints/{NAMES[1]}/step_{step}/{name}.safetensors"))
             b = load_file(str(inputs / f"results/checkpoints/ranks2/step_{step}/{name}.safetensors"))
             assert a.keys() == b.keys()
             off = [k for k in a if not torch.allclose(b[k], a[k], rtol=rtol, atol=atol)]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from atlas.hashing import verify
-from conftest import copy_workflow, run_snakemake
+from conftest import copy_pipeline, run_snakemake
 
 
 def flip_byte(path: Path, offset: int) -> None:
@@ -21,11 +21,11 @@ def flip_byte(path: Path, offset: int) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def test_training_refuses_a_flipped_byte_in_its_data(tmp_path):
+def test_training_refuses_a_flipped_byte_in_its_data(pipeline, tmp_path):
     """A byte flipped in results/data/train.parquet: the training job stops naming the file and
     the folder to rebuild, before it writes anything; the data folder is left as it was."""
-    wf = copy_workflow(tmp_path)
-    run_snakemake(wf, "--cores", "1", "results/data/MANIFEST.json", "results/models/tiny")
+    run = ("results/runs/training_smoke", "results/checkpoints/training_smoke")
+    wf = copy_pipeline(pipeline, tmp_path / "wf", drop=run)
     train = wf / "results" / "data" / "train.parquet"
     flip_byte(train, train.stat().st_size // 2)
     flipped = train.read_bytes()

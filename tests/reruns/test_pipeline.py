@@ -6,7 +6,7 @@ import sys
 import yaml
 
 from atlas.hashing import verify
-from conftest import copy_workflow, jobs_to_run, plan, plan_rows, run_snakemake
+from conftest import copy_pipeline, copy_workflow, jobs_to_run, plan, plan_rows, run_snakemake
 
 TARGETS = ["results/data/val.parquet", "results/models/tiny"]
 
@@ -42,9 +42,9 @@ def test_verl_engine_plans_the_same_dag_as_local(tmp_path):
     assert "python -m atlas.stages.train " not in proc.stdout
 
 
-def test_run_then_nothing_then_exactly_the_edited_stage(tmp_path):
-    wf = copy_workflow(tmp_path)
-    run_snakemake(wf, "--cores", "2", *TARGETS)
+def test_run_then_nothing_then_exactly_the_edited_stage(pipeline, tmp_path):
+    # A copy of the pipeline run: its data and model jobs ran there, in another folder.
+    wf = copy_pipeline(pipeline, tmp_path / "wf")
     assert verify(wf / "results" / "data", check_sources=False) == []
     assert verify(wf / "results" / "models" / "tiny", check_sources=False) == []
     # The manifests name the code each stage ran, as paths in this copy, and they still match.

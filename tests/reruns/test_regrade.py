@@ -94,7 +94,7 @@ def test_grader_fix_that_changes_no_reward_retrains_nothing(arm_copy):
     unseen = next((a, c) for a in LETTERS for c in LETTERS if (a, c) not in seen)
     flip_pair(wf, unseen)
     info = rerun_arm(wf)
-    assert info["resumed_from_step"] == 4
+    assert info["resumed_from_step"] == 2  # the last step: nothing to redo
     assert info["regrade"]["score_changes"] == 0 and info["regrade"]["calls_regraded"] > 0
     assert info["superseded"] is None
     after = pl.read_parquet(wf / "results" / "runs" / ARM / "step_metrics.parquet")

@@ -198,7 +198,6 @@ def test_report_shows_figures_tables_and_statistics_in_chromium(report_html, tmp
 def test_dot_test_configs_plan_and_lint(config, tmp_path):
     """Each .test config plans the whole pipeline (`snakemake -n`) and lints clean."""
     wf = copy_workflow(mkdir(tmp_path / "wf"))
-    shutil.copytree(REPO / ".test", wf / ".test")
     configfile = f".test/{config}/config.yaml"
     plan = run_snakemake(wf, "-n", "-p", "--configfile", configfile, timeout=120)
     out = plan.stdout + plan.stderr

@@ -16,12 +16,12 @@ from transformers import AutoModelForCausalLM
 
 from atlas.checks.compact import CheckFailed, compact_checkpoint_validation, optimizer_counts, verify_index
 from atlas.checks.roundtrip import batch_math
-from atlas.config import config_slice, load_config
+from atlas.config import config_slice
 from atlas.hashing import verify
-from conftest import REPO
+from conftest import suite_config
 
-CFG = load_config(REPO / "config" / "config.yaml")
-RUNS = {"training_smoke": 2, "zero_potential": 4, "frozen_potential": 4}
+CFG = suite_config()  # the pipeline run's config
+RUNS = {"training_smoke": 2, "zero_potential": 2, "frozen_potential": 2}  # steps
 COMPACT_KEYS = {
     "step",
     "role",
@@ -95,7 +95,7 @@ def test_checks_records(pipeline, run, monkeypatch):
 
     cpu = json.loads((folder / "cpu_roundtrip.json").read_text())
     roundtrip = cpu["checkpoints"]
-    assert cpu["resumed_steps"] == CFG.checks.resumed_steps == 1  # the embedded default's
+    assert cpu["resumed_steps"] == CFG.checks.resumed_steps == 1  # the suite config's
     assert [r["step"] for r in roundtrip] == list(range(1, steps + 1))
     for r in roundtrip:
         # probe_*_equal are written once the roundtrip passed; tests/unit/test_check_failures.py
@@ -188,8 +188,8 @@ def test_a_batch_size_mismatch_is_named(pipeline):
     folder = pipeline / "results/runs/zero_potential"
     records = pq.read_table(folder / "records.parquet").to_pylist()
     trajectories = pq.read_table(folder / "trajectories.parquet").to_pylist()
-    kwargs = {"steps": 4, "questions": 2, "ppo": CFG.training.ppo}
-    assert len(batch_math(records, trajectories, responses=2, **kwargs)) == 4
+    kwargs = {"steps": 2, "questions": 2, "ppo": CFG.training.ppo}
+    assert len(batch_math(records, trajectories, responses=2, **kwargs)) == 2
     with pytest.raises(CheckFailed, match=r"batch_math: step 0: 4 trajectories, the config says 2 x 3 = 6"):
         batch_math(records, trajectories, responses=3, **kwargs)
     dropped = [t for t in trajectories if not (t["step"] == 1 and t["sample"] == 1 and t["phase"] == "train")]

@@ -205,12 +205,12 @@ def test_tables_open_in_polars_with_the_pinned_schemas_and_match_their_csv(pipel
 
 def test_step_metrics_tie_back_to_the_run_folders(pipeline):
     by_run = table(pipeline, "step_metrics_by_run")
-    # training_smoke 2 steps, each arm 4, the dose step one row per dose.
+    # training_smoke 2 steps, each arm 2 (the suite config), the dose step one row per dose.
     counts = dict(by_run.group_by("run").len().iter_rows())
-    assert counts == {"training_smoke": 2, "zero_potential": 4, "frozen_potential": 4, "dose_step": 3}
+    assert counts == {"training_smoke": 2, "zero_potential": 2, "frozen_potential": 2, "dose_step": 3}
     assert by_run.filter(pl.col("stage") == "arm")["arm"].unique().sort().to_list() == ARMS
     assert by_run.filter(pl.col("stage") != "arm")["arm"].null_count() == 5
-    assert by_run["protocol/violations"].to_list() == [0.0] * 13
+    assert by_run["protocol/violations"].to_list() == [0.0] * 9
     assert sorted(by_run.filter(pl.col("run") == "dose_step")["dose"].to_list()) == [0.0, 0.5, 1.0]
     for run in ["training_smoke", *ARMS]:
         source = pl.read_parquet(pipeline / "results" / "runs" / run / "step_metrics.parquet")
@@ -218,7 +218,7 @@ def test_step_metrics_tie_back_to_the_run_folders(pipeline):
         for column in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "timing_s/step"):
             assert mine[column].to_list() == source[column].to_list(), (run, column)
     arms = table(pipeline, "arms_step_metrics")
-    assert arms.height == 8
+    assert arms.height == 4
     expected = by_run.filter(pl.col("stage") == "arm").sort("arm", "step")
     assert arms["critic/score/mean"].to_list() == expected["critic/score/mean"].to_list()
     potentials = dict(arms.select("arm", "potential").unique().iter_rows())
@@ -228,12 +228,12 @@ def test_step_metrics_tie_back_to_the_run_folders(pipeline):
 def test_validation_views_and_curves(pipeline):
     views = table(pipeline, "full_validation_views")
     assert dict(views.group_by("policy").len().iter_rows()) == {
-        "base": 30,
-        "zero_potential": 30,
-        "frozen_potential": 30,
+        "base": 8,  # 4 GPQA + 4 LCB validation questions, one sample each
+        "zero_potential": 8,
+        "frozen_potential": 8,
     }
     assert views["completed"].all() and set(views["end_reason"]) == {"submit"}
-    assert views.filter(pl.col("policy") == "base")["arm"].null_count() == 30
+    assert views.filter(pl.col("policy") == "base")["arm"].null_count() == 8
     for policy in ("base", *ARMS):
         answers = pl.read_parquet(pipeline / "results" / "validation" / policy / "answers.parquet")
         mine = views.filter(pl.col("policy") == policy)
@@ -246,10 +246,10 @@ def test_validation_views_and_curves(pipeline):
     assert (views["tokens"] >= views["prompt_tokens"] + views["generated_tokens"]).all()  # + tool output
 
     curve = table(pipeline, "arms_validation_curve")
-    assert sorted(set(curve["step"])) == [0, 2, 4]
-    assert curve.height == 2 * 3 * 3  # arms x points x (gpqa, lcb, all)
+    assert sorted(set(curve["step"])) == [0, 2]
+    assert curve.height == 2 * 2 * 3  # arms x points x (gpqa, lcb, all)
     alls = curve.filter(pl.col("source") == "all")
-    assert alls["n"].to_list() == [4] * 6 and alls["completed_fraction"].to_list() == [1.0] * 6
+    assert alls["n"].to_list() == [2] * 4 and alls["completed_fraction"].to_list() == [1.0] * 4
 
 
 def test_call_advantage_counts_every_train_record(pipeline):
@@ -301,7 +301,7 @@ def test_dataset_card_names_the_six_configs(pipeline):
         assert files == [{"split": "train", "path": f"tables/{name}.parquet"}]
         assert (pipeline / REPORT / files[0]["path"]).is_file()
     assert "Protocol violations over every stage: **0**." in text
-    assert "| base | 30/30 |" in text and "| zero_potential | 30/30 |" in text
+    assert "| base | 8/8 |" in text and "| zero_potential | 8/8 |" in text
     for name in TABLES:  # every table's columns are documented
         assert f"### `{name}`" in text
     assert "| `potential_delta_mean` | Float64 |" in text

@@ -14,17 +14,17 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from atlas.config import load_config
 from atlas.hashing import sha256_file, verify
 from atlas.model.policy import ActorCritic
 from atlas.rl.tracking import read_history
-from conftest import REPO
+from conftest import suite_config
 
-CFG = load_config(REPO / "config" / "config.yaml")
+CFG = suite_config()  # the pipeline run's config
 EPISODES_PER_STEP = CFG.schedule.questions_per_step * CFG.training.responses_per_question
 VAL_EPISODES = CFG.training.validation_questions * CFG.training.validation_samples
-RUNS = {"training_smoke": 2, "zero_potential": 4, "frozen_potential": 4}
-VALIDATED = {"training_smoke": [0, 2], "zero_potential": [0, 2, 4], "frozen_potential": [0, 2, 4]}
+# Steps, and the steps validated at (validation_every: 2, and the last step)
+RUNS = {"training_smoke": 2, "zero_potential": 2, "frozen_potential": 2}
+VALIDATED = {"training_smoke": [0, 2], "zero_potential": [0, 2], "frozen_potential": [0, 2]}
 VERL_METRICS = [
     "actor/pg_loss",
     "actor/pg_clipfrac",
@@ -159,7 +159,7 @@ def test_checkpoints_are_compact_listed_and_hashed(pipeline, run):
 
 def test_exported_actor_adapter_is_the_last_checkpoint(pipeline):
     folder = pipeline / "results/runs/zero_potential"
-    last = load_file(pipeline / "results/checkpoints/zero_potential/step_4/actor.safetensors")
+    last = load_file(pipeline / "results/checkpoints/zero_potential/step_2/actor.safetensors")
     model = PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(pipeline / "results/models/tiny"), folder / "adapters/actor"
     )
