@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from atlas.checks.compact import CheckFailed, compact_checkpoint_validation
-from atlas.checks.roundtrip import policy_roundtrip
+from atlas.checks.roundtrip import policy_roundtrip, same_metrics
 from atlas.config import TrainingConfig
 from atlas.model.policy import ROLES, ActorCritic
 from atlas.rl.checkpoint import save_trainable
@@ -128,3 +128,18 @@ def test_a_reload_that_rounds_the_tensors_fails_the_roundtrip(tiny_model, saved)
         CheckFailed, match=rf"{folder / 'actor.safetensors'}: tensor \S+ differs after loading it"
     ):
         policy_roundtrip(fresh(tiny_model, lambda ac: ac.to(torch.bfloat16)), folder, 1, IDS)
+
+
+def test_resumed_metrics_must_match_exactly():
+    logged = {"run": "arm", "step": 1, "actor/pg_loss": 0.25, "critic/vf_loss": 1.5, "timing_s/step": 3.0}
+    assert (
+        same_metrics({"actor/pg_loss": 0.25, "critic/vf_loss": 1.5, "timing_s/step": 9.9}, logged, "x") == 2
+    )
+    with pytest.raises(CheckFailed, match=r"x: metric critic/vf_loss is 1.5000000001 after resuming"):
+        same_metrics({"actor/pg_loss": 0.25, "critic/vf_loss": 1.5000000001}, logged, "x")
+    # A metric the logged step did not have (null in step_metrics.parquet) must stay absent.
+    assert same_metrics({"score/gpqa/mean": 1.0}, {"score/gpqa/mean": 1.0, "score/lcb/mean": None}, "x") == 2
+    with pytest.raises(
+        CheckFailed, match=r"x: metric score/lcb/mean is 0.0 after resuming, the run had none"
+    ):
+        same_metrics({"score/lcb/mean": 0.0}, {"score/lcb/mean": None}, "x")

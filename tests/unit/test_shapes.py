@@ -127,7 +127,7 @@ def test_the_h200_config_builds_the_1_7b_shape_and_trains_on_the_report_batch():
 
     from atlas.config import parse_config
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     raw = _merge(*(yaml.safe_load((repo / "config" / n).read_text()) for n in ("config.yaml", "h200.yaml")))
     cfg = parse_config(raw, "config/h200.yaml")
     assert (cfg.model.shape, cfg.model.tokenizer) == ("1.7b", "synthetic-151k")

@@ -48,12 +48,11 @@ def test_ppo_update_on_cuda_packed_by_default_and_close_to_the_padded_path():
     """atlas.rl.ppo on a bf16 model on the GPU: remove_padding auto takes the packed path (varlen
     FlashAttention-2, chunked head, fused LoRA), with gradient checkpointing; its log-probs, values
     and losses stay within bf16 rounding of the padded path's, and the update moves the adapters."""
-    from test_packing import _ppo_batch, tiny_lm
-
     from atlas.config import PPOConfig, TrainingConfig
     from atlas.model.policy import ActorCritic
     from atlas.rl.ppo import Batch, Passes, prepare, update
     from atlas.rl.replay import ReplayedMasks
+    from unit.test_packing import _ppo_batch, tiny_lm
 
     cpu = _ppo_batch(seed=11)
     batch = Batch(
@@ -101,7 +100,6 @@ def test_liger_kernels_leave_the_update_within_bf16_of_the_plain_packed_path():
     the update give the packed path's log-probs and losses within bf16 rounding; the module-level
     Qwen3 classes and RoPE are transformers' own again afterwards (rollouts trace those)."""
     pytest.importorskip("liger_kernel")
-    from test_packing import _ppo_batch, tiny_lm
     from transformers.models.qwen3 import modeling_qwen3
 
     from atlas.config import PPOConfig, TrainingConfig
@@ -109,6 +107,7 @@ def test_liger_kernels_leave_the_update_within_bf16_of_the_plain_packed_path():
     from atlas.model.policy import ActorCritic
     from atlas.rl.ppo import Batch, prepare, update
     from atlas.rl.replay import ReplayedMasks
+    from unit.test_packing import _ppo_batch, tiny_lm
 
     cpu = _ppo_batch(seed=11)
     batch = Batch(
@@ -146,11 +145,10 @@ def test_liger_kernels_leave_the_update_within_bf16_of_the_plain_packed_path():
 def test_merged_rollout_model_matches_the_adapter_path_in_bf16():
     """atlas.model.merged on the GPU in bf16: the folded weights give the adapter path's
     log-probs within bf16 rounding, and the base stays bit-identical."""
-    from test_packing import tiny_lm
-
     from atlas.config import TrainingConfig
     from atlas.model.merged import MergedModel
     from atlas.model.policy import ActorCritic
+    from unit.test_packing import tiny_lm
 
     ac = ActorCritic(
         tiny_lm().to(torch.bfloat16), TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8)

@@ -27,8 +27,6 @@ import yaml
 from atlas.hashing import is_bookkeeping
 from conftest import REPO, copy_workflow
 
-pytestmark = pytest.mark.slow
-
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
 SLICE = ["results/runs/smoke", "results/runs/training_smoke"]
 SLICE_RULES = {"prepare_data", "build_tiny_model", "smoke", "train"}

@@ -29,7 +29,6 @@ QUESTIONS = [
 ]
 
 
-@pytest.mark.slow
 def test_mean_reward_rises_within_eight_cpu_steps(tiny_model):
     tok = AutoTokenizer.from_pretrained(tiny_model)
     samples = 8

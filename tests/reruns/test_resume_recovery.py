@@ -17,9 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conftest import copy_pipeline, copy_workflow, run_snakemake
-
-pytestmark = pytest.mark.slow
+from conftest import copy_pipeline, run_snakemake
 
 RUN = "training_smoke"  # 2 steps, a checkpoint after each
 TARGET = f"results/runs/{RUN}"
@@ -39,11 +37,10 @@ def files(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """A scratch workflow after one uninterrupted run of the training smoke (data, model, run)."""
-    wf = copy_workflow(tmp_path_factory.mktemp("trained"))
-    run_snakemake(wf, "--cores", "2", TARGET, timeout=1200)
-    return wf
+def trained(pipeline) -> Path:
+    """The pipeline run: its training smoke is the uninterrupted run each fault is compared with,
+    and each test works on a copy of it."""
+    return pipeline
 
 
 def assert_same_as_uninterrupted(wf: Path, reference: Path) -> None:

@@ -379,8 +379,8 @@ def test_patch_refuses_another_verl(monkeypatch):
         critic.check_verl()
 
 
-# Not marked slow (CI's verl run deselects slow tests): a fresh `import verl` with the patch costs
-# ~30 s (torch, transformers and peft again), and it is what every Ray worker does.
+# A fresh `import verl` with the patch costs ~30 s (torch, transformers and peft again), and it is
+# what every Ray worker does.
 def test_overrides_load_the_patch_in_a_fresh_verl_process():
     """The overrides compose with verl's own ppo_trainer.yaml, and the env var they set makes a fresh
     `import verl` (what every Ray worker does) install the critic engine."""

@@ -72,7 +72,6 @@ def test_an_edit_replans_exactly_the_jobs_it_shapes(graphs, engine, module, loca
     assert downstream_of(graphs[engine], f"src/atlas/{module}") == expected
 
 
-@pytest.mark.slow
 def test_snakemake_plans_the_matrix_on_a_finished_run(pipeline, tmp_path):
     """On a copy of the finished run, Snakemake's own plan after each edit is the matrix's (local
     engine): nothing before the edit, exactly the expected jobs with it."""

@@ -1,6 +1,7 @@
 """The repository's own promises: layout, fixtures we can regenerate, environments in step."""
 
 import ast
+import csv
 import re
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import yaml
 
 from atlas import sources
 from conftest import FIXTURES, REPO
+
+TEST_DATA = REPO / ".test" / "data"
 
 
 def test_layout_from_the_design():
@@ -54,7 +57,7 @@ def test_ci_runs_the_readme_commands():
         "bash scripts/setup.sh",
         ". .venv/bin/activate",
         "python -m pytest\n",
-        'ATLAS_REQUIRE_VERL=1 .venv-verl/bin/python -m pytest -m "not slow" tests/test_rl_math.py tests/test_verl_*.py',
+        "ATLAS_REQUIRE_VERL=1 .venv-verl/bin/python -m pytest tests/unit/test_rl_math.py tests/unit/test_verl_*.py",
     ):
         assert command in readme and command in ci, command
 
@@ -108,3 +111,14 @@ def test_the_contracts_are_the_ground_floor():
         name = ".".join(path.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
         imported = sources._imports(src, name, path)
         assert imported <= {"atlas", "atlas.contracts"}, (name, imported)
+
+
+def test_dot_test_data_are_the_first_rows_of_the_shipped_fixtures():
+    # The suite's config (.test/config) validates on these: the same rows, fewer of them.
+    gpqa = [
+        list(csv.reader(open(d / "gpqa_val.csv", newline="", encoding="utf-8")))
+        for d in (FIXTURES, TEST_DATA)
+    ]
+    assert len(gpqa[1]) == 1 + 4 and gpqa[1] == gpqa[0][:5]
+    lcb = [(d / "lcb_val.jsonl").read_text(encoding="utf-8").splitlines() for d in (FIXTURES, TEST_DATA)]
+    assert len(lcb[1]) == 4 and lcb[1] == lcb[0][:4]

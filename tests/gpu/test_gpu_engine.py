@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_fast_engine import requests_for
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atlas.config import RuntimeConfig
 from atlas.runtime.fast_engine import StaticEngine
 from atlas.runtime.session import make_runtime
+from unit.test_fast_engine import requests_for
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

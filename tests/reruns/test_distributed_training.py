@@ -1,5 +1,5 @@
-"""Data-parallel training on two gloo ranks (torchrun) against one process, on the embedded default:
-the same step metrics, records and trainable tensors within float tolerance, the same run-folder
+"""Data-parallel training on two gloo ranks (torchrun) against one process (the pipeline run's
+training smoke), on a copy of the pipeline run: the same step metrics, records and trainable tensors within float tolerance, the same run-folder
 shape, and a two-rank job killed after its first checkpoint that resumes to the same bytes."""
 
 from __future__ import annotations
@@ -17,13 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from atlas.config import ResourcesConfig, config_slice, load_config
+from atlas.config import config_slice, load_config
 from atlas.hashing import verify
-from atlas.rl.distributed import Ranks, Share, StepSync, merge_reports
-from atlas.runtime.protocol import ProtocolReport
-from conftest import copy_workflow, run_snakemake
-
-pytestmark = pytest.mark.slow
+from conftest import copy_pipeline, copy_workflow, run_snakemake
 
 RUN = "training_smoke"  # 2 steps, a checkpoint after each, validation before and after
 # Float32 sums in another order (half-batch sums, then the all-reduce) and batches padded to
@@ -38,11 +34,10 @@ def measured(df: pl.DataFrame) -> pl.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    """A workflow copy with the data and the tiny model built: the training stage's inputs."""
-    wf = copy_workflow(tmp_path_factory.mktemp("dp"))
-    run_snakemake(wf, "--cores", "2", "results/data/train.parquet", "results/models/tiny")
-    return wf
+def inputs(pipeline, tmp_path_factory) -> Path:
+    """A copy of the pipeline run: the training stage's inputs (data, tiny model), and its
+    training smoke, the one-process run of RUN that the two-rank runs are compared with."""
+    return copy_pipeline(pipeline, tmp_path_factory.mktemp("dp") / "wf")
 
 
 def train_command(wf: Path, ranks: int, name: str) -> list[str]:
@@ -92,9 +87,14 @@ def train(wf: Path, ranks: int, name: str) -> Path:
     return wf / "results/runs" / name
 
 
+# Run names: the pipeline's one-process run of RUN (Snakemake's train job, the same command as
+# train_command(wf, 1, RUN)), and the two-rank run this module makes.
+NAMES = {1: RUN, 2: "ranks2"}
+
+
 @pytest.fixture(scope="module")
 def runs(inputs) -> dict[int, Path]:
-    return {n: train(inputs, n, f"ranks{n}") for n in (1, 2)}
+    return {1: inputs / "results/runs" / NAMES[1], 2: train(inputs, 2, NAMES[2])}
 
 
 def close(a, b) -> bool:
@@ -105,9 +105,13 @@ def test_two_ranks_write_the_run_folder_of_one_process(runs, inputs, monkeypatch
     monkeypatch.chdir(inputs)  # manifests name inputs relative to the workflow directory
     one, two = runs[1], runs[2]
     assert verify(two) == []
-    assert sorted(p.relative_to(two).as_posix() for p in two.rglob("*") if "wandb" not in p.parts) == sorted(
-        p.relative_to(one).as_posix() for p in one.rglob("*") if "wandb" not in p.parts
+    # (Snakemake marks a finished directory output with .snakemake_timestamp: not the stage's.)
+    listing = lambda run: sorted(  # noqa: E731
+        p.relative_to(run).as_posix()
+        for p in run.rglob("*")
+        if "wandb" not in p.parts and p.name != ".snakemake_timestamp"
     )
+    assert listing(two) == listing(one)
     assert pl.read_parquet(two / "validation.parquet").equals(pl.read_parquet(one / "validation.parquet"))
     # the same tokens, masks and scores; the rollout log-probs of a row differ in float noise
     # with the width of the batch it was generated in (half the episodes on each rank)
@@ -162,7 +166,7 @@ TOLERANCE = {
 def test_two_ranks_train_the_same_tensors(runs, inputs):
     for step in (1, 2):
         for name, (rtol, atol) in TOLERANCE.items():
-            a = load_file(str(inputs / f"results/checkpoints/ranks1/step_{step}/{name}.safetensors"))
+            a = load_file(str(inputs / f"results/checkpoints/{NAMES[1]}/step_{step}/{name}.safetensors"))
             b = load_file(str(inputs / f"results/checkpoints/ranks2/step_{step}/{name}.safetensors"))
             assert a.keys() == b.keys()
             off = [k for k in a if not torch.allclose(b[k], a[k], rtol=rtol, atol=atol)]
@@ -228,41 +232,6 @@ def test_killed_two_rank_job_resumes_to_identical_bytes(runs, inputs):
         a = measured(pl.read_parquet(inputs / "results/runs" / name / table))
         b = measured(pl.read_parquet(runs[2] / table))
         assert a.equals(b), table
-
-
-def test_rows_are_dealt_round_robin_and_gathered_back_in_order():
-    share = Share(Ranks(rank=1, world=3), total=8)
-    assert share.rows == [1, 4, 7]
-    assert share.mine(list("abcdefgh")) == ["b", "e", "h"]
-    with pytest.raises(ValueError, match="7 items for a share of 8"):
-        share.mine(list("abcdefg"))
-
-
-def test_a_mini_batch_without_rows_on_a_rank_is_refused():
-    share = Share(Ranks(rank=0, world=2), total=4)  # rank 0: rows 0, 2; rank 1: rows 1, 3
-    assert StepSync(None, share, mini_batches=2).mini_batches(2, 2) == [[0], [1]]
-    StepSync(None, share, mini_batches=3)  # ceil(4 / 3) = 2 rows a mini-batch: both ranks in each
-    with pytest.raises(SystemExit, match=r"mini-batch 1 \(rows 1-1 of 4\) has no rows on rank 0 of 2"):
-        StepSync(None, share, mini_batches=4)
-
-
-def test_reports_merge_in_global_episode_order():
-    a, b = ProtocolReport(episodes=2, calls=3), ProtocolReport(episodes=1, calls=1, violations=1)
-    b.violation_rows.append({"question_uid": "q1", "sample": 0, "turn": 0})
-    a.violations = 1
-    a.violation_rows.append({"question_uid": "q2", "sample": 0, "turn": 1})
-    order = {("q1", 0): 0, ("q2", 0): 1}
-    merged = merge_reports([a, b], lambda r: order[(r["question_uid"], r["sample"])])
-    assert (merged.episodes, merged.calls, merged.violations) == (3, 4, 2)
-    assert [r["question_uid"] for r in merged.violation_rows] == ["q1", "q2"]
-
-
-def test_ranks_config():
-    assert ResourcesConfig().world_size == 1
-    assert ResourcesConfig(ranks=2).world_size == 2
-    assert ResourcesConfig(device="cuda", gpus=2).world_size == 2
-    with pytest.raises(ValueError, match="on cuda each rank has one GPU"):
-        ResourcesConfig(device="cuda", gpus=2, ranks=1)
 
 
 def test_the_train_rule_launches_torchrun_for_two_ranks(tmp_path):

@@ -150,7 +150,6 @@ def test_the_captions_cover_every_figure_and_table():
     )
 
 
-@pytest.mark.slow
 def test_report_shows_figures_tables_and_statistics_in_chromium(report_html, tmp_path):
     exe = _chromium()
     html = report_html.read_text(encoding="utf-8")
@@ -199,7 +198,6 @@ def test_report_shows_figures_tables_and_statistics_in_chromium(report_html, tmp
 def test_dot_test_configs_plan_and_lint(config, tmp_path):
     """Each .test config plans the whole pipeline (`snakemake -n`) and lints clean."""
     wf = copy_workflow(mkdir(tmp_path / "wf"))
-    shutil.copytree(REPO / ".test", wf / ".test")
     configfile = f".test/{config}/config.yaml"
     plan = run_snakemake(wf, "-n", "-p", "--configfile", configfile, timeout=120)
     out = plan.stdout + plan.stderr

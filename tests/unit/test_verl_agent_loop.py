@@ -511,7 +511,7 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
     (roundtrip,) = json.loads((out / "cpu_roundtrip.json").read_text())["checkpoints"]
     assert roundtrip["step"] == 1 and roundtrip["next_step_metrics_equal"] is None
     # probe_logprobs_equal is written once policy_roundtrip passed; its failing paths (changed
-    # probes, rounded or non-finite tensors) are in tests/test_check_failures.py.
+    # probes, rounded or non-finite tensors) are in tests/unit/test_check_failures.py.
     assert roundtrip["tensors_bit_equal"] > 10
     rows = json.loads((out / "compact_checkpoint_validation.json").read_text())["rows"]
     assert {(r["step"], r["role"]) for r in rows} == {(1, "actor"), (1, "critic")}

@@ -31,7 +31,7 @@ def run(tmp_path: Path, ci: bool) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     if ci:
         env["CI"] = "true"
-    env["PYTHONPATH"] = str(Path(__file__).parent)
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # tests/, where ci_skips is
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "ci_skips", "-p", "no:cacheprovider", "-rA", str(tmp_path)],
         cwd=tmp_path,
