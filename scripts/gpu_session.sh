@@ -136,5 +136,5 @@ if [[ $what == bench ]]; then
   # resources/perf/h200_rollout_1.7b.json: the report's 32 x 8 batch, no LoRA against merged LoRA r64
   timeout 330 python3 scripts/bench_rollout.py --shape 1.7b --tokenizer tokenizer --arms base,merged \
     --out "$OUT/rollout_1.7b.json" 2>&1 | quiet | tee "$OUT/rollout_1.7b.log"
-  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_packing.py 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_packing.py 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
 fi

@@ -28,15 +28,24 @@ REPO = Path(__file__).resolve().parent.parent
 
 # module label -> (source files mutated, the fast unit tests run against them)
 MODULES: dict[str, tuple[list[str], list[str]]] = {
-    "grammar": (["src/atlas/runtime/grammar.py"], ["tests/test_runtime.py"]),
-    "records": (["src/atlas/runtime/records.py"], ["tests/test_runtime.py", "tests/test_rl_math.py"]),
-    "protocol": (["src/atlas/runtime/protocol.py"], ["tests/test_runtime.py", "tests/test_rl_math.py"]),
-    "rewards": (["src/atlas/rl/rewards.py"], ["tests/test_rl_math.py"]),
-    "advantages": (["src/atlas/rl/advantages.py"], ["tests/test_rl_math.py", "tests/test_gae_edges.py"]),
-    "losses": (["src/atlas/rl/losses.py"], ["tests/test_rl_math.py", "tests/test_loss_edges.py"]),
-    "replay": (["src/atlas/rl/replay.py"], ["tests/test_replay.py"]),
-    "checkpoint": (["src/atlas/rl/checkpoint.py"], ["tests/test_checkpoint.py"]),
-    "hashing": (["src/atlas/hashing.py"], ["tests/test_hashing.py", "tests/test_hashing_edges.py"]),
+    "grammar": (["src/atlas/runtime/grammar.py"], ["tests/unit/test_runtime.py"]),
+    "records": (
+        ["src/atlas/runtime/records.py"],
+        ["tests/unit/test_runtime.py", "tests/unit/test_rl_math.py"],
+    ),
+    "protocol": (
+        ["src/atlas/runtime/protocol.py"],
+        ["tests/unit/test_runtime.py", "tests/unit/test_rl_math.py"],
+    ),
+    "rewards": (["src/atlas/rl/rewards.py"], ["tests/unit/test_rl_math.py"]),
+    "advantages": (
+        ["src/atlas/rl/advantages.py"],
+        ["tests/unit/test_rl_math.py", "tests/unit/test_gae_edges.py"],
+    ),
+    "losses": (["src/atlas/rl/losses.py"], ["tests/unit/test_rl_math.py", "tests/unit/test_loss_edges.py"]),
+    "replay": (["src/atlas/rl/replay.py"], ["tests/unit/test_replay.py"]),
+    "checkpoint": (["src/atlas/rl/checkpoint.py"], ["tests/unit/test_checkpoint.py"]),
+    "hashing": (["src/atlas/hashing.py"], ["tests/unit/test_hashing.py", "tests/unit/test_hashing_edges.py"]),
 }
 
 KILLED = {"killed", "caught by type check"}

@@ -13,6 +13,7 @@
 # by bwrap_from_deb.sh where the node has no bwrap). OUT receives the logs, the episode counts and a tar of
 # the run folder and the verl checkpoints' index.
 set -uo pipefail
+set -m  # every background launch in its own process group, killed as a group
 what=$1
 parts=/tmp/parts
 
@@ -43,9 +44,13 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 python3 -c "import torch, vllm, verl, xgrammar, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1 | tee "$out/versions.txt"
 
 run=/tmp/atlas/run ck=/tmp/atlas/checkpoints
+if [[ $what == run ]]; then  # a fresh run: nothing left of an earlier one
+    pkill -KILL -f atlas.stages.train_verl; python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
+    rm -rf /tmp/atlas
+fi
 deadline=${DEADLINE_S:-560}  # seconds after this script started: what is left is still collected
 launch() {
-    setsid python3 -m atlas.verl.launch --config-slice "$(cat "$bundle/slice.json")" \
+    python3 -m atlas.stages.train_verl --config-slice "$(cat "$bundle/slice.json")" \
         --train "$bundle/data/train.parquet" --val "$bundle/data/val.parquet" \
         --tests "$bundle/data/tests.parquet" --model "$bundle/model" --checkpoints "$ck" --out "$run" \
         > "$out/driver_$1.log" 2>&1 &

@@ -35,14 +35,13 @@ so `external_lib_overrides()` sets that variable in the Ray job's runtime env.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import logging
 import os
 import re
 from collections.abc import Mapping
-
-import contextlib
 
 import torch
 import verl
