@@ -12,6 +12,8 @@ rule smoke:
     conda:
         "../envs/atlas.yaml"
     threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
+    resources:
+        gpu=min(1, ATLAS.resources.gpus),  # the base model generates on the GPU it is given
     params:
         slice=stage_slice("smoke"),
     shell:
@@ -33,6 +35,8 @@ rule boundary:
     conda:
         "../envs/atlas.yaml"
     threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
+    resources:
+        gpu=min(1, ATLAS.resources.gpus),  # the base model generates on the GPU it is given
     params:
         slice=stage_slice("boundary"),
     shell:

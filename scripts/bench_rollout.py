@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -26,9 +27,9 @@ import torch
 from transformers import AutoTokenizer
 
 from atlas.config import RuntimeConfig, TrainingConfig
-from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
 from atlas.model.shapes import shape_model, synthetic_tokenizer
+from atlas.rl.step import rollout_model
 from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.session import make_runtime
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
@@ -41,15 +42,8 @@ def requests(rt, questions: int, samples: int, new: int) -> list[GenerationReque
     out = []
     for i in range(questions * samples):
         tools = gpqa_tools(code) if (i // samples) % 2 == 0 else lcb_tools(code)
-        prompt = rt.chat_ids(
-            [
-                {
-                    "role": "user",
-                    "content": f"Question {i // samples}: which option holds? Think, then call a tool.",
-                }
-            ],
-            [t.spec() for t in tools.values()],
-        )
+        ask = f"Question {i // samples}: which option holds? Think, then call a tool."
+        prompt = rt.chat_ids([{"role": "user", "content": ask}], [t.spec() for t in tools.values()])
         out.append(GenerationRequest(prompt, rt.grammars.get(tools), new, seed=i))
     return out
 
@@ -63,14 +57,10 @@ def timed_generate(rt, reqs, repeats: int) -> dict:
         gens = rt.engine.generate(reqs)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    seconds = sorted(times)[len(times) // 2]
-    tokens = sum(len(g.token_ids) for g in gens)
-    return {
-        "seconds": seconds,
-        "tokens": tokens,
-        "tokens_per_s": tokens / seconds,
-        "timing": rt.engine.last_timing,
-    }, gens
+    seconds, tokens = sorted(times)[len(times) // 2], sum(len(g.token_ids) for g in gens)
+    return dict(
+        seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, timing=rt.engine.last_timing
+    ), gens
 
 
 def logprob_gap(ac, merged, reqs, gens, rows: int = 8) -> float:
@@ -81,28 +71,19 @@ def logprob_gap(ac, merged, reqs, gens, rows: int = 8) -> float:
             ids = torch.tensor([list(r.prompt_ids) + g.token_ids], device="cuda")
             n = len(g.token_ids)
             tgt = ids[0, -n:]
-            a = ac.actor_logits(ids)[0, -n - 1 : -1].float().log_softmax(-1).gather(-1, tgt[:, None])
-            b = (
-                merged.model(input_ids=ids)
-                .logits[0, -n - 1 : -1]
-                .float()
-                .log_softmax(-1)
-                .gather(-1, tgt[:, None])
-            )
+            a, b = ac.actor_logits(ids), merged.model(input_ids=ids).logits
+            a, b = (x[0, -n - 1 : -1].float().log_softmax(-1).gather(-1, tgt[:, None]) for x in (a, b))
             gap = max(gap, (a - b).abs().max().item())
     return gap
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="1.7b")
+    for name, default in dict(shape="1.7b", arms="base,merged", lora=64, questions=32, samples=8).items():
+        p.add_argument(f"--{name}", type=type(default), default=default)
+    for name, default in dict(new=128, repeats=2).items():
+        p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--tokenizer", type=Path, default=Path(".gpu/tokenizer"))
-    p.add_argument("--arms", default="base,merged")
-    p.add_argument("--lora", type=int, default=64)
-    p.add_argument("--questions", type=int, default=32)
-    p.add_argument("--samples", type=int, default=8)
-    p.add_argument("--new", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     if not (args.tokenizer / "tokenizer.json").exists():
@@ -113,25 +94,18 @@ def main() -> None:
         responses_per_question=args.samples, lora_rank=args.lora, lora_alpha=2 * args.lora
     )
     ac = merged = None
-    results = {
-        "command": " ".join(["scripts/bench_rollout.py", *__import__("sys").argv[1:]]),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "shape": args.shape,
-        "vocab": len(tokenizer),
-        "batch": args.questions * args.samples,
-        "new_tokens": args.new,
-        "lora_rank": args.lora,
-        "arms": {},
-    }
+    results = dict(
+        command=" ".join(["scripts/bench_rollout.py", *sys.argv[1:]]), device=torch.cuda.get_device_name()
+    )
+    results |= dict(torch=torch.__version__, shape=args.shape, vocab=len(tokenizer), new_tokens=args.new)
+    results |= dict(batch=args.questions * args.samples, lora_rank=args.lora, arms={})
     for arm in args.arms.split(","):
         if arm != "base" and ac is None:
             ac = ActorCritic(base, training, seed=0).to("cuda")
             with torch.no_grad():  # a trained-looking actor: B off zero, so the merge matters
-                for name, t in ac.trainable("actor").items():
-                    if "lora_B" in name:
-                        t.normal_(0, 1e-3)
-            merged = MergedModel(ac.peft, "actor")
+                for t in (t for name, t in ac.trainable("actor").items() if "lora_B" in name):
+                    t.normal_(0, 1e-3)
+            merged = rollout_model(ac, training, "cuda")  # what the trainer serves (merged_rollouts: auto)
         model = {"base": base, "adapters": ac and ac.peft, "merged": merged and merged.model}[arm]
         rt = make_runtime(model, tokenizer, CFG)
         reqs = requests(rt, args.questions, args.samples, args.new)
@@ -144,12 +118,11 @@ def main() -> None:
             row["refresh_s"] = time.perf_counter() - t
             row["logprob_gap_vs_adapters"] = logprob_gap(ac, merged, reqs, gens)
         results["arms"][arm] = row
+        extra = " ".join(
+            f"{k}={v:.4g}" for k, v in row.items() if k in ("refresh_s", "logprob_gap_vs_adapters")
+        )
         print(
-            f"{arm:10s} {row['tokens_per_s']:10.0f} tok/s  {row['seconds']:.2f} s  {row['tokens']} tokens "
-            + " ".join(
-                f"{k}={v:.4g}" for k, v in row.items() if k in ("refresh_s", "logprob_gap_vs_adapters")
-            ),
-            flush=True,
+            f"{arm:10s} {row['tokens_per_s']:10.0f} tok/s  {row['seconds']:.2f} s  {row['tokens']} tokens {extra}"
         )
         del rt
     if "base" in results["arms"]:

@@ -4,11 +4,10 @@
     python scripts/bench_update.py --shape 8b --out $OUT/update_8b.json
 
 The policy is the trainer's (ActorCritic, actor and critic LoRA r64/a128 on all linear layers)
-over atlas.model.shapes' random-init Qwen3 of the shape, vocab 151,936, bf16 on the GPU, with
-what `auto` turns on there: gradient checkpointing, padding removal with the chunked head,
-Liger kernels (training.ppo.liger) and fused LoRA. The batch is `--rows` synthetic rows of
-`--row-tokens` tokens, every token after the first generated under a grammar bitmask allowing
-~90% of the vocabulary, micro-batches cut by training.ppo.micro_batch_tokens. Each repeat is one
+over atlas.model.shapes' random-init Qwen3 of the shape, vocab 151,936, bf16 on the GPU, built
+by atlas.rl.step.policy_on with what `auto` turns on there: gradient checkpointing, padding
+removal with the chunked head, Liger kernels and fused LoRA. The batch is atlas.rl.synthetic's
+(`--rows` x `--row-tokens`), cut into micro-batches by training.ppo.micro_batch_tokens. Each repeat is one
 ppo.prepare + ppo.update (critic, then actor: one optimizer step each); the table gives the
 actor update's seconds from the update's own timing_s/update_actor.
 
@@ -29,12 +28,12 @@ from pathlib import Path
 import torch
 
 from atlas.config import PPOConfig, TrainingConfig
-from atlas.model.liger import apply_liger, wanted
-from atlas.model.policy import ActorCritic
+from atlas.model.liger import wanted
 from atlas.model.shapes import SYNTHETIC_VOCAB, base_parameters, shape_model
 from atlas.rl.checkpoint import save_compact
-from atlas.rl.ppo import Batch, make_optimizers, make_schedulers, prepare, update
-from atlas.rl.replay import ReplayedMasks
+from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
+from atlas.rl.step import policy_on
+from atlas.rl.synthetic import synthetic_batch
 
 PEAK_TFLOPS = 792.0
 
@@ -45,24 +44,6 @@ class _Vocab:  # the head's width without training a 151,936-token BPE: the weig
 
     def convert_tokens_to_ids(self, token: str) -> int:
         return 2
-
-
-def synthetic_batch(rows: int, tokens: int, vocab: int, seed: int) -> Batch:
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    ids = torch.randint(3, vocab, (rows, tokens), device="cuda", generator=g)
-    words = -(-vocab // 32)
-    masks = []
-    for row in ids:
-        bitmask = torch.full((tokens - 1, words), -1, dtype=torch.int32, device="cuda")
-        bitmask[torch.rand(bitmask.shape, device="cuda", generator=g) < 0.1] = 0
-        bitmask[torch.arange(tokens - 1, device="cuda"), row[1:] // 32] = -1
-        masks.append(ReplayedMasks(torch.arange(1, tokens), bitmask))
-    sampled = torch.ones((rows, tokens), device="cuda")
-    sampled[:, 0] = 0
-    rewards = torch.zeros((rows, tokens), device="cuda")
-    rewards[:, -1] = torch.randn(rows, device="cuda", generator=g)
-    lp = torch.zeros((rows, tokens), device="cuda")
-    return Batch(ids, torch.ones_like(ids), sampled, lp, rewards, masks)
 
 
 def main() -> None:
@@ -83,15 +64,12 @@ def main() -> None:
     )
     base = shape_model(args.shape, _Vocab(), device="cuda")
     params = base_parameters(base)
-    ac = ActorCritic(base, training, seed=0).to("cuda")  # as atlas.rl.train.build_policy on a GPU
-    ac.peft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if wanted(ppo.liger, cuda=True):
-        apply_liger(ac.peft)
+    ac = policy_on(base, training, seed=0, device="cuda")  # the trainer's policy on a GPU
     optimizers = make_optimizers(ac, ppo)
     tokens = args.rows * args.row_tokens
     seconds, peak, metrics = [], 0.0, {}
     for k in range(args.repeats + 1):  # the first is the warm-up (Triton and cuBLAS set-up)
-        batch = synthetic_batch(args.rows, args.row_tokens, base.config.vocab_size, seed=k)
+        batch = synthetic_batch(args.rows, args.row_tokens, base.config.vocab_size, seed=k, device="cuda")
         torch.cuda.reset_peak_memory_stats()
         prep = prepare(ac, batch, ppo, temperature=1.0)
         metrics = {**prep.metrics, **update(ac, batch, prep, optimizers, None, ppo, temperature=1.0)}
@@ -111,24 +89,15 @@ def main() -> None:
     )
     s = statistics.median(seconds)
     tflops = 8 * params * tokens / s / 1e12
-    result = {
-        "command": " ".join(["scripts/bench_update.py", *sys.argv[1:]]),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "shape": args.shape,
-        "base_parameters": params,
-        "tokens": tokens,
-        "micro_batch_tokens": args.micro_batch_tokens,
-        "liger": wanted(ppo.liger, cuda=True),
-        "update_actor_s": seconds,
-        "median_s": s,
-        "model_tflops": tflops,
-        "mfu": tflops / PEAK_TFLOPS,
-        "peak_memory_gb": peak,
-        "checkpoint_save_s": save_s,
-        "checkpoint_bytes": save_bytes,
-        "last_metrics": metrics,
-    }
+    result = dict(
+        command=" ".join(["scripts/bench_update.py", *sys.argv[1:]]), device=torch.cuda.get_device_name()
+    )
+    result |= dict(torch=torch.__version__, shape=args.shape, base_parameters=params, tokens=tokens)
+    result |= dict(micro_batch_tokens=args.micro_batch_tokens, liger=wanted(ppo.liger, cuda=True))
+    result |= dict(update_actor_s=seconds, median_s=s, model_tflops=tflops, mfu=tflops / PEAK_TFLOPS)
+    result |= dict(
+        peak_memory_gb=peak, checkpoint_save_s=save_s, checkpoint_bytes=save_bytes, last_metrics=metrics
+    )
     print(
         f"{args.shape} actor update {s:.3f} s  {tokens / s:,.0f} tok/s  {tflops:.0f} TFLOP/s  MFU {tflops / PEAK_TFLOPS:.1%}  peak {peak:.1f} GiB  "
         f"checkpoint {save_bytes / 1e9:.2f} GB in {save_s:.2f} s"

@@ -15,7 +15,7 @@
 #                                            scripts/wheels/h200-pipeline.txt, split into
 #                                            DIR/whl/part-N folders of at most 60 MiB (one call each)
 #   cd DIR && bash scripts/gpu_session.sh stage   there: keep this call's wheel parts in
-#                                            /tmp/wheelhouse for the next call
+#                                            /tmp/atlas-pipeline/wheels for the next call
 #   cd DIR && bash scripts/gpu_session.sh pipeline   there: install the wheelhouse offline, run
 #                                            snakemake --cores all on config/h200.yaml (plus any
 #                                            ATLAS_CONFIGS) to results/report25/, and put the
@@ -57,9 +57,13 @@ if [[ $what == pack-pipeline ]]; then
   mkdir -p "$dir/whl/all"
   rm -rf "$dir/code" && mkdir -p "$dir/code/resources"
   cp -r "$here/Snakefile" "$here/rules" "$here/profiles" "$here/envs" "$here/config" "$here/src" \
-    "$here/pyproject.toml" "$dir/code/"
+    "$here/pyproject.toml" "$here/report" "$dir/code/"
+  mkdir -p "$dir/code/scripts" && cp "$here/scripts/sandbox_check.py" "$dir/code/scripts/"
   cp -r "$here/resources/fixtures" "$dir/code/resources/"
-  mkdir -p "$dir/scripts" && cp "$here/scripts/gpu_session.sh" "$dir/scripts/"
+  mkdir -p "$dir/scripts" && cp "$here/scripts/gpu_session.sh" "$here/scripts/bwrap_from_deb.sh" "$dir/scripts/"
+  # the grader's sandbox: bubblewrap and the libraries it links, unpacked there without apt
+  rm -rf "$dir/debs" && mkdir -p "$dir/debs"
+  (cd "$dir/debs" && apt-get download -q bubblewrap libcap2 libselinux1 libpcre2-8-0) || exit 1
   find "$dir/code" -name __pycache__ -prune -exec rm -rf {} + ; rm -rf "$dir"/code/src/*.egg-info
   wheels=$(grep -v '^#' "$here/scripts/wheels/h200-pipeline.txt")
   binary=$(grep -v '^connection-pool' <<<"$wheels")
@@ -82,25 +86,35 @@ fi
 
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+# the pipeline's wheelhouse and install target, apart from any other environment on the node
+wheels=/tmp/atlas-pipeline/wheels site=/tmp/atlas-pipeline/site
 
 if [[ $what == stage ]]; then
-  mkdir -p /tmp/wheelhouse && cp whl/part-*/*.whl /tmp/wheelhouse/ && ls /tmp/wheelhouse | wc -l
+  mkdir -p "$wheels" && cp whl/part-*/*.whl "$wheels/" && ls "$wheels" | wc -l
   exit 0
 fi
 
 if [[ $what == pipeline ]]; then
-  mkdir -p /tmp/wheelhouse && cp whl/part-*/*.whl /tmp/wheelhouse/ 2>/dev/null
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    /tmp/wheelhouse/*.whl || exit 1
+  mkdir -p "$wheels" && cp whl/part-*/*.whl "$wheels/" 2>/dev/null
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+    "$wheels"/*.whl || exit 1
   # the rules call `python` and `torchrun` from PATH: the image's venv has both
-  export PYTHONPATH=/tmp/site:$PWD/code/src PYTHONUNBUFFERED=1
+  export PYTHONPATH=$site:$PWD/code/src PYTHONUNBUFFERED=1
+  if ! command -v bwrap > /dev/null && [[ -d debs ]]; then
+    PATH=$(bash scripts/bwrap_from_deb.sh debs /var/tmp/atlas-bwrap):$PATH
+  fi
+  # the graders' verdicts on fixed programs, to compare with another machine's
+  python3 code/scripts/sandbox_check.py --out "$OUT/sandbox_check.json" > /dev/null 2>&1
+  python3 -c "import json, sys; d = json.load(open(sys.argv[1]))['machine']; print('sandbox:', d)" \
+    "$OUT/sandbox_check.json"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.txt"
   cd code || exit 1
   configs="config/h200.yaml ${ATLAS_CONFIGS:-}"
   start=$(date +%s)
   # --configfile takes several files: the options after it end the list before the target
+  # one GPU job at a time by default (ATLAS_GPU_JOBS raises it): each holds a model and its caches
   timeout "${ATLAS_PIPELINE_S:-540}" python3 -m snakemake --configfile $configs --cores all \
-    --keep-going results/report25/
+    --resources gpu="${ATLAS_GPU_JOBS:-1}" --keep-going results/report25/
   echo "snakemake rc=$? after $(( $(date +%s) - start )) s"
   last=$(ls -t .snakemake/log/*.snakemake.log 2>/dev/null | head -1)
   [[ -n $last ]] && cp "$last" "$OUT/snakemake.log"
@@ -122,5 +136,5 @@ if [[ $what == bench ]]; then
   # resources/perf/h200_rollout_1.7b.json: the report's 32 x 8 batch, no LoRA against merged LoRA r64
   timeout 330 python3 scripts/bench_rollout.py --shape 1.7b --tokenizer tokenizer --arms base,merged \
     --out "$OUT/rollout_1.7b.json" 2>&1 | quiet | tee "$OUT/rollout_1.7b.log"
-  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_packing.py 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_packing.py 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
 fi

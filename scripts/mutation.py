@@ -34,31 +34,40 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "grammar": (
         ["src/atlas/runtime/grammar.py"],
         [
-            "tests/test_call_grammar.py",
-            "tests/test_runtime.py::test_control_tokens_are_illegal_in_the_grammar_itself",
-            "tests/test_runtime.py::test_surrogate_escapes_only_as_whole_pairs",
+            "tests/unit/test_call_grammar.py",
+            "tests/unit/test_runtime.py::test_control_tokens_are_illegal_in_the_grammar_itself",
+            "tests/unit/test_runtime.py::test_surrogate_escapes_only_as_whole_pairs",
         ],
     ),
-    "records": (["src/atlas/runtime/records.py"], ["tests/test_record_files.py"]),
-    "protocol": (["src/atlas/runtime/protocol.py"], ["tests/test_protocol_checks.py"]),
-    "rewards": (["src/atlas/rl/rewards.py"], ["tests/test_rl_math.py", "tests/test_reward_edges.py"]),
-    "advantages": (["src/atlas/rl/advantages.py"], ["tests/test_rl_math.py", "tests/test_gae_edges.py"]),
-    "losses": (["src/atlas/rl/losses.py"], ["tests/test_rl_math.py", "tests/test_loss_edges.py"]),
-    "replay": (["src/atlas/rl/replay.py"], ["tests/test_replay.py", "tests/test_masked_logprobs.py"]),
+    "records": (["src/atlas/runtime/records.py"], ["tests/unit/test_record_files.py"]),
+    "protocol": (["src/atlas/runtime/protocol.py"], ["tests/unit/test_protocol_checks.py"]),
+    "rewards": (
+        ["src/atlas/rl/rewards.py"],
+        ["tests/unit/test_rl_math.py", "tests/unit/test_reward_edges.py"],
+    ),
+    "advantages": (
+        ["src/atlas/rl/advantages.py"],
+        ["tests/unit/test_rl_math.py", "tests/unit/test_gae_edges.py"],
+    ),
+    "losses": (["src/atlas/rl/losses.py"], ["tests/unit/test_rl_math.py", "tests/unit/test_loss_edges.py"]),
+    "replay": (
+        ["src/atlas/rl/replay.py"],
+        ["tests/unit/test_replay.py", "tests/unit/test_masked_logprobs.py"],
+    ),
     "checkpoint": (
         ["src/atlas/rl/checkpoint.py"],
-        ["tests/test_checkpoint.py", "tests/test_checkpoint_edges.py"],
+        ["tests/unit/test_checkpoint.py", "tests/unit/test_checkpoint_edges.py"],
     ),
     "hashing": (
         ["src/atlas/hashing.py"],
         [
-            "tests/test_hashing.py",
-            "tests/test_hashing_edges.py",
-            "tests/test_hash_cache_edges.py",
-            "tests/test_integrity.py::test_hash_cache_is_used_only_while_the_file_is_unchanged",
+            "tests/unit/test_hashing.py",
+            "tests/unit/test_hashing_edges.py",
+            "tests/unit/test_hash_cache_edges.py",
+            "tests/unit/test_integrity.py::test_hash_cache_is_used_only_while_the_file_is_unchanged",
         ],
     ),
-    "sandbox_bounds": (["src/atlas/graders/sandbox.py"], ["tests/test_sandbox_bounds.py"]),
+    "sandbox_bounds": (["src/atlas/graders/sandbox.py"], ["tests/unit/test_sandbox_bounds.py"]),
 }
 
 # Modules of which only some functions count (the rest of the file is another job's: the sandbox's
@@ -143,7 +152,9 @@ def mutmut_config(sources: list[str], tests: list[str], preload: Path) -> str:
         f"also_copy = {quote(ALSO_COPY)}\n"
         f"only_mutate = {quote(sources)}\n"
         f"pytest_add_cli_args_test_selection = {quote(tests)}\n"
-        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n'
+        # One process: mutmut records which test reaches which function through hooks in its own
+        # process, which pytest-xdist workers (pyproject's -n auto) would bypass.
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-n", "0"]\n'
         'process_isolation = "forkserver"\n'
         'forkserver_warmup = "import"\n'
         f'preload_modules_file = "{preload}"\n'

@@ -6,11 +6,14 @@
 # scripts/wheels/verl-vllm-h200.txt DIR; split DIR PARTS) comes in parts:
 #   bash scripts/verl_h200.sh part PARTS_DIR            keep the parts that arrived (in /tmp/parts)
 #   bash scripts/verl_h200.sh run BUNDLE OUT            join + install the wheelhouse, then the run
+#   bash scripts/verl_h200.sh resume BUNDLE OUT         the second launch alone (a run cut short)
 # BUNDLE holds: atlas-*.whl (the project, for its vllm.general_plugins entry point), slice.json
 # (the training stage's config slice, engine verl), model/ and data/ (results/models/<m>,
-# results/data), and this folder's scripts. OUT receives the logs, the episode counts and a tar of
+# results/data), this folder's scripts, and debs/ (bubblewrap for the graders' sandbox, unpacked
+# by bwrap_from_deb.sh where the node has no bwrap). OUT receives the logs, the episode counts and a tar of
 # the run folder and the verl checkpoints' index.
 set -uo pipefail
+set -m  # every background launch in its own process group, killed as a group
 what=$1
 parts=/tmp/parts
 
@@ -32,14 +35,22 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 # the node's own torch and CUDA libraries; the wheelhouse's packages (verl's transformers and
 # tokenizers among them) first
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+if ! command -v bwrap > /dev/null && [[ -d $bundle/debs ]]; then
+    PATH=$(bash "$here/bwrap_from_deb.sh" "$bundle/debs" /var/tmp/atlas-bwrap):$PATH
+fi
+echo "bwrap: $(command -v bwrap)" | tee "$out/bwrap.txt"
 export VLLM_USE_FLASHINFER_SAMPLER=0 ATLAS_VLLM_TOKEN_TABLE=1 RAY_DEDUP_LOGS=0 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -c "import torch, vllm, verl, xgrammar, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'verl', verl.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1 | tee "$out/versions.txt"
 
 run=/tmp/atlas/run ck=/tmp/atlas/checkpoints
+if [[ $what == run ]]; then  # a fresh run: nothing left of an earlier one
+    pkill -KILL -f atlas.stages.train_verl; python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
+    rm -rf /tmp/atlas
+fi
 deadline=${DEADLINE_S:-560}  # seconds after this script started: what is left is still collected
 launch() {
-    setsid python3 -m atlas.verl.launch --config-slice "$(cat "$bundle/slice.json")" \
+    python3 -m atlas.stages.train_verl --config-slice "$(cat "$bundle/slice.json")" \
         --train "$bundle/data/train.parquet" --val "$bundle/data/val.parquet" \
         --tests "$bundle/data/tests.parquet" --model "$bundle/model" --checkpoints "$ck" --out "$run" \
         > "$out/driver_$1.log" 2>&1 &
@@ -65,9 +76,11 @@ collect() {
 }
 marker=$ck/verl/checkpoints/latest_checkpointed_iteration.txt
 
-# launch 1: killed as soon as verl has saved global step 1
-launch 0
-watch '[[ -f $marker && $(cat $marker) == 1 ]]' 1
+if [[ $what == run ]]; then
+    # launch 1: killed as soon as verl has saved global step 1
+    launch 0
+    watch '[[ -f $marker && $(cat $marker) == 1 ]]' 1
+fi
 # launch 2: resume_mode=auto picks up global step 1, runs step 2, converts
 launch 1
 watch false 2

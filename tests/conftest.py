@@ -1,4 +1,13 @@
-"""Shared test helpers: the repository, its fixtures, and copies of the workflow to edit."""
+"""Shared test helpers: the repository, its fixtures, and copies of the workflow to edit.
+
+The suite is in four folders, each test marked with its folder's name (`-m unit`, ...):
+- `unit/`: the library in this process (and its CLIs, graders, the tiny model): no Snakemake,
+  no training process;
+- `workflow/`: reads the one pipeline run (the `pipeline` fixture), never changes it;
+- `reruns/`: Snakemake plans and runs, and training processes, on copies of the workflow or of
+  the pipeline run;
+- `gpu/`: needs CUDA (skips without it).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +26,40 @@ from ci_skips import pytest_runtest_makereport  # noqa: F401  (the hook: no guar
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "resources" / "fixtures"
-WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "envs", "src", "resources", "report")
+WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "envs", "src", "resources", "report", ".test")
+FOLDERS = ("unit", "workflow", "reruns", "gpu")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Mark each test with its folder (the markers in pyproject.toml), and order the modules so
+    that two processes (pytest-xdist, a module to a worker) overlap the pipeline run with the
+    tests that do not wait for it: first one module that reads the run (its worker starts the
+    run), then every module that needs no run, then the rest. The order within a module is kept."""
+    for item in items:
+        folder = item.path.parent.name
+        if folder in FOLDERS:
+            item.add_marker(folder)
+    reads_run = {item.path for item in items if "pipeline" in item.fixturenames}
+    first = next((item.path for item in items if item.path in reads_run), None)
+    rank = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (item.path != first, item.path in reads_run, rank[item.path]))
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject's addopts): two workers for a run of folders (the suite's default: a
+    2-core machine, so the pipeline run shares its cores with the tests that need none), one
+    process for a run of named files or tests. `-n 0` keeps any run in one process."""
+    named = [a for a in config.args if ".py" in a]
+    return 0 if named and len(named) == len(config.args) else min(2, len(os.sched_getaffinity(0)))
+
+
+def pytest_configure(config) -> None:
+    # Each worker runs its in-process torch on one thread: two workers share two cores.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
@@ -125,13 +167,39 @@ def _build_model(out: Path, **tiny_overrides) -> Path:
     return out
 
 
+def session_root(tmp_path_factory) -> Path:
+    """A folder of this test session that its pytest-xdist workers share (each worker's basetemp
+    is a folder in it); without workers, the session's basetemp."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared(done: Path, make) -> Path:
+    """`done`, made by `make(folder)` if it is not there yet. A lock beside it makes a second
+    process (another session on the same cache, another pytest-xdist worker) wait for the first
+    one's folder instead of making its own; the rename makes a folder appear whole or not at all."""
+    import fcntl
+
+    with open(done.parent / f"{done.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_dir():
+            partial = Path(tempfile.mkdtemp(prefix=f"{done.name}.partial-", dir=done.parent))
+            try:
+                make(partial)
+            except BaseException:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
+            partial.rename(done)
+    return done
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """The embedded default's model, built once per test session (or the one ATLAS_TEST_TINY_MODEL
     names, built by scripts/mutation.py once for all the sessions of a mutation run)."""
     if prebuilt := os.environ.get("ATLAS_TEST_TINY_MODEL"):
         return Path(prebuilt)
-    return _build_model(tmp_path_factory.mktemp("models") / "tiny")
+    return shared(session_root(tmp_path_factory) / "tiny-model", lambda d: _build_model(d / "tiny")) / "tiny"
 
 
 @pytest.fixture(scope="session")
@@ -140,10 +208,11 @@ def data_dir(tmp_path_factory) -> Path:
     ATLAS_TEST_DATA_DIR names, as for tiny_model)."""
     if prebuilt := os.environ.get("ATLAS_TEST_DATA_DIR"):
         return Path(prebuilt)
-    return prepare_data_dir(tmp_path_factory.mktemp("data"))
+    return shared(session_root(tmp_path_factory) / "data", prepare_data_dir)
 
 
 def prepare_data_dir(out: Path) -> Path:
+    """Prepare results/data/ of the embedded default into the existing folder `out`."""
     from atlas.config import config_slice, load_config
     from atlas.stages import prepare_data
 
@@ -155,12 +224,42 @@ def prepare_data_dir(out: Path) -> Path:
     return out
 
 
-KEPT_RUNS = 3  # cached pipeline runs kept (the newest), each about 20 MB
+KEPT_RUNS = 3  # cached pipeline runs kept (the newest)
+
+# The suite's pipeline run is the embedded default made small (.test/config/config.yaml merged
+# over config/config.yaml, as `--configfile` merges it): every rule of the DAG, both arms, in
+# fewer steps and on fewer validation questions.
+SUITE_CONFIG = REPO / ".test" / "config" / "config.yaml"
+
+
+def merged(base: dict, over: dict) -> dict:
+    """`over` merged into `base` key by key, nested mappings merged in turn (Snakemake's rule)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = (
+            merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
+def suite_config_raw() -> dict:
+    import yaml
+
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
+    return merged(base, yaml.safe_load(SUITE_CONFIG.read_text(encoding="utf-8")))
+
+
+def suite_config():
+    """The typed config of the suite's pipeline run (what `pipeline`'s config/config.yaml holds)."""
+    from atlas.config import parse_config
+
+    return parse_config(suite_config_raw(), str(SUITE_CONFIG))
 
 
 def workflow_key() -> str:
     """sha256 of what a pipeline run depends on: the workflow's files (paths and bytes), the
-    interpreter and the versions of the packages the stages run. Equal keys, equal runs."""
+    suite's config, the interpreter and the versions of the packages the stages run. Equal keys,
+    equal runs."""
     from importlib import metadata
 
     digest = hashlib.sha256()
@@ -177,29 +276,39 @@ def workflow_key() -> str:
     return digest.hexdigest()[:20]
 
 
+def run_pipeline(dest: Path) -> Path:
+    """A copy of the workflow whose config/config.yaml is the suite's config, after `snakemake
+    --cores 2` of its default target (every job). In the copy a plain `snakemake` plans against
+    that config, so reruns on copies of it need no --configfile."""
+    import yaml
+
+    wf = copy_workflow(dest)
+    (wf / "config" / "config.yaml").write_text(
+        yaml.safe_dump(suite_config_raw(), sort_keys=False), encoding="utf-8"
+    )
+    run_snakemake(wf, "--cores", "2", timeout=1800)
+    return wf
+
+
 @pytest.fixture(scope="session")
 def pipeline(request, tmp_path_factory) -> Path:
-    """A copy of the workflow after `snakemake --cores 2` of its default target (every job),
-    run once per state of the tree: it is kept in pytest's cache folder under the workflow's key,
-    so a session on an unchanged tree reuses it. Tests read it and must not change it; copy it
-    (`copy_pipeline`) to edit or rerun."""
+    """A copy of the workflow after one run of the suite's config (`run_pipeline`), once per
+    state of the tree: it is kept in pytest's cache folder under the workflow's key, so a session
+    on an unchanged tree reuses it (with -p no:cacheprovider, once per session). Tests read it and
+    must not change it; copy it (`copy_pipeline`) to edit or rerun."""
     if getattr(request.config, "cache", None) is None:  # -p no:cacheprovider: a fresh run
-        wf = copy_workflow(tmp_path_factory.mktemp("pipeline"))
-        run_snakemake(wf, "--cores", "2", timeout=1800)
-        return wf
+        # Under pytest-xdist each worker has its own basetemp; their parent is the session's.
+        return shared(session_root(tmp_path_factory) / "pipeline", run_pipeline)
     cache = Path(request.config.cache.mkdir("atlas-pipeline"))
-    done = cache / workflow_key()
-    if not done.is_dir():
-        partial = Path(tempfile.mkdtemp(prefix=f"{done.name}.partial-", dir=cache))
-        run_snakemake(copy_workflow(partial), "--cores", "2", timeout=1800)
-        try:
-            partial.rename(done)  # atomic: a run is in the cache whole or not at all
-        except OSError:  # another session finished the same run first
-            shutil.rmtree(partial, ignore_errors=True)
-    runs = sorted((p for p in cache.iterdir() if ".partial-" not in p.name), key=lambda p: p.stat().st_mtime)
+    done = shared(cache / workflow_key(), run_pipeline)
+    runs = sorted(
+        (p for p in cache.iterdir() if p.is_dir() and ".partial-" not in p.name),
+        key=lambda p: p.stat().st_mtime,
+    )
     for old in runs[:-KEPT_RUNS]:
         if old != done:
             shutil.rmtree(old, ignore_errors=True)
+            (cache / f"{old.name}.lock").unlink(missing_ok=True)
     return done
 
 

@@ -299,6 +299,12 @@ class VerlConfig(_Strict):
     )
     param_offload: bool = Field(default=True, description="FSDP parameters offloaded to CPU between phases.")
     optimizer_offload: bool = Field(default=False, description="FSDP optimizer state offloaded to CPU.")
+    attn_implementation: Literal["auto", "flash_attention_2", "sdpa"] = Field(
+        default="auto",
+        description="Attention of verl's actor, reference and critic: auto = flash_attention_2 where "
+        "the flash-attn package is installed, else sdpa (transformers then masks packed rows "
+        "block-causally).",
+    )
     ray_address: str | None = Field(
         default=None, description="Address of a running Ray cluster; null starts a local one."
     )
@@ -454,7 +460,8 @@ class GraderConfig(_Strict):
         ge=1000,
         le=4_000_000_000,
         description="First host uid of the sandboxes when the grader runs as root: each sandbox "
-        "runs as this plus its grading thread's id, a uid nothing else on the machine uses.",
+        "runs as this plus twice its grading thread's id plus its slot (0 or 1: the sandbox grading "
+        "and the next one, started ahead), a uid nothing else on the machine uses.",
     )
     require_network_isolation: bool = Field(
         default=False,

@@ -1,14 +1,20 @@
 """The driver inside a program's sandbox: started once per program, it runs each test in a child.
 
 Standard library only: the sandbox holds the interpreter's standard library and nothing else. The
-grader (sandbox.py) runs this file's text as
+grader (sandbox.py) runs this file, compiled once and marshalled, as
 
-    python -S -P -c <this text> atlas-sandbox-driver REQUEST_FD REPLY_FD CONTAINED
+    python -S -P -c <BOOT> atlas-sandbox-driver REQUEST_FD REPLY_FD CONTAINED CODE_FD
 
-and talks to it in frames (one type byte, a 4-byte big-endian length, the payload):
+(BOOT reads the code object from CODE_FD and runs it) and talks to it in frames (one type byte, a
+4-byte big-endian length, the payload):
 
-    grader -> driver   S setup (JSON: code, mode, func_name, bounds), then T per test (JSON: input, timeout_s)
-    driver -> grader   R ready; per test O stdout bytes (as they come), then D done (JSON)
+    grader -> driver   S setup (JSON: bounds, whether to import lcb_runner's prefix), then P the
+                       program (JSON: code, mode, func_name, filename), then T per test (JSON:
+                       input, timeout_s)
+    driver -> grader   R ready (after S); per test O stdout bytes (as they come), then D done (JSON)
+
+A sandbox can thus be started, and its driver set up, before its program is known; it still runs
+one program only.
 
 The driver never receives an expected output: it returns what the program printed (stdin tests)
 or what the method returned (functional tests), and the grader compares. Each test runs in a child
@@ -21,12 +27,13 @@ and written to a pipe of its own; the driver turns it into JSON. A raise, a valu
 Where the sandbox has its own PID namespace (CONTAINED=1), the driver is its init (bwrap
 --as-pid-1), so no process inside but the driver can be traced or written to (it is not dumpable),
 and every process but the driver is killed after each test, so nothing a test leaves running sees
-the next test. Each test's child installs a seccomp filter before the program runs (DENIED below).
+the next test. The driver runs under a seccomp filter, and each test's child adds a stricter one
+before the program runs (DENIED and DRIVER_NEEDS below).
 """
 
 import atexit
+import gc
 import json
-import linecache
 import marshal
 import os
 import resource
@@ -35,7 +42,6 @@ import signal
 import struct
 import sys
 import time
-import traceback
 
 MARK = "atlas-sandbox-driver"
 HEADER = struct.Struct(">cI")
@@ -63,18 +69,21 @@ _exit = os._exit  # a program that replaces os._exit must not fall back into the
 VALUE_JSON_CAP = 16 << 20  # characters of a returned value's JSON text, counted while it is built
 DRIVER_HEADROOM_MB = 512  # the driver's own RLIMIT_AS is the program's memory_mb plus this
 
-# --- the seccomp filter of a test's child ---------------------------------------------------------
+# --- the seccomp filters of the driver and of a test's child --------------------------------------
 # System calls a program never needs, each refused with EPERM: ptrace and cross-process memory,
-# descriptors taken from other processes, memory outside RLIMIT_AS (SysV shm / msg / sem, memfds,
-# tmpfs xattrs, keyrings, io_uring buffers), kernel interfaces (perf, bpf, userfaultfd), and
-# namespaces and mounts (already refused for want of capabilities). The driver itself runs
-# unfiltered: it has created the test's stdin memfd and pidfd before the fork.
+# descriptors taken from other processes, memory outside RLIMIT_AS (SysV shm / msg / sem, POSIX
+# message queues, memfds, tmpfs xattrs, keyrings, io_uring buffers), kernel interfaces (perf, bpf,
+# userfaultfd), and namespaces and mounts (already refused for want of capabilities). The driver
+# runs under the same filter but for DRIVER_NEEDS: it creates each test's stdin memfd and pidfd
+# before the fork; the child then adds the whole filter.
 DENIED = (
     "ptrace process_vm_readv process_vm_writev pidfd_getfd pidfd_open kcmp shmget shmat shmctl "
-    "msgget semget setxattr lsetxattr fsetxattr add_key request_key keyctl memfd_create memfd_secret "
+    "msgget semget mq_open setxattr lsetxattr fsetxattr add_key request_key keyctl memfd_create "
+    "memfd_secret "
     "perf_event_open bpf userfaultfd io_uring_setup io_uring_enter io_uring_register unshare setns "
     "mount open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr"
 ).split()
+DRIVER_NEEDS = ("memfd_create", "pidfd_open")
 _COMMON = {  # numbers shared by every architecture since Linux 5.1
     "pidfd_getfd": 438, "pidfd_open": 434, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
@@ -85,17 +94,17 @@ _COMMON = {  # numbers shared by every architecture since Linux 5.1
 SYSCALLS = {
     "x86_64": (0xC000003E, {
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "shmget": 29,
-        "shmat": 30, "shmctl": 31, "msgget": 68, "semget": 64, "setxattr": 188, "lsetxattr": 189,
-        "fsetxattr": 190, "add_key": 248, "request_key": 249, "keyctl": 250, "memfd_create": 319,
-        "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "unshare": 272, "setns": 308,
-        "mount": 165, **_COMMON,
+        "shmat": 30, "shmctl": 31, "msgget": 68, "semget": 64, "mq_open": 240, "setxattr": 188,
+        "lsetxattr": 189, "fsetxattr": 190, "add_key": 248, "request_key": 249, "keyctl": 250,
+        "memfd_create": 319, "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "unshare": 272,
+        "setns": 308, "mount": 165, **_COMMON,
     }),
     "aarch64": (0xC00000B7, {
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "shmget": 194,
-        "shmat": 196, "shmctl": 195, "msgget": 186, "semget": 190, "setxattr": 5, "lsetxattr": 6,
-        "fsetxattr": 7, "add_key": 217, "request_key": 218, "keyctl": 219, "memfd_create": 279,
-        "perf_event_open": 241, "bpf": 280, "userfaultfd": 282, "unshare": 97, "setns": 268,
-        "mount": 40, **_COMMON,
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
+        "shmget": 194, "shmat": 196, "shmctl": 195, "msgget": 186, "semget": 190, "mq_open": 180,
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "add_key": 217, "request_key": 218,
+        "keyctl": 219, "memfd_create": 279, "perf_event_open": 241, "bpf": 280, "userfaultfd": 282,
+        "unshare": 97, "setns": 268, "mount": 40, **_COMMON,
     }),
 }  # fmt: skip
 X32_BIT = 0x40000000  # x86_64 system calls of the x32 ABI: refused as a whole
@@ -103,13 +112,14 @@ _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
 
 
-def seccomp_program(machine: str) -> bytes:
-    """The classic BPF program (struct sock_filter array) of the child's filter on `machine`.
+def seccomp_program(machine: str, names: tuple[str, ...] | list[str] = tuple(DENIED)) -> bytes:
+    """The classic BPF program (struct sock_filter array) refusing the system calls `names` (by
+    default DENIED, the child's filter) on `machine`.
 
     A call made under another audit arch than the machine's own (a 32-bit `int 0x80` on x86_64)
     is refused whatever its number, since the numbers below would not apply to it."""
     arch, numbers = SYSCALLS[machine]
-    denied = sorted({numbers[name] for name in DENIED})
+    denied = sorted({numbers[name] for name in names})
     op = struct.Struct("=HBBI").pack
     deny_at = 3 + len(denied) + 1 + (machine == "x86_64")  # index of the final RET EPERM
     prog = [op(_BPF_LD_W_ABS, 0, 0, 4), op(_BPF_JEQ_K, 0, deny_at - 2, arch), op(_BPF_LD_W_ABS, 0, 0, 0)]
@@ -122,20 +132,28 @@ def seccomp_program(machine: str) -> bytes:
     return b"".join(prog)
 
 
-def install_seccomp(program: bytes) -> None:
-    """Install `program` on this process (and what it forks); no_new_privs first, as the kernel
-    requires of an unprivileged filter (bwrap has set it already inside the sandbox)."""
-    import ctypes
+class Seccomp:
+    """A filter made ready once (libc, the struct sock_fprog): each test's child only installs it."""
 
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+    def __init__(self, program: bytes):
+        import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-    fprog = SockFprog(len(program) // 8, program)
-    # PR_SET_NO_NEW_PRIVS = 38; PR_SET_SECCOMP = 22 with SECCOMP_MODE_FILTER = 2
-    if libc.prctl(38, 1, None, 0, 0) != 0 or libc.prctl(22, 2, ctypes.addressof(fprog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "the seccomp filter could not be installed")
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+        self.ctypes, self.program = ctypes, program  # the struct points into `program`: keep it
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        self.libc.prctl.argtypes = argtypes
+        self.fprog = SockFprog(len(program) // 8, program)
+
+    def install(self) -> None:
+        """Install the filter on this process (and what it forks); no_new_privs first, as the kernel
+        requires of an unprivileged filter (bwrap has set it already inside the sandbox)."""
+        prctl, address = self.libc.prctl, self.ctypes.addressof(self.fprog)
+        # PR_SET_NO_NEW_PRIVS = 38; PR_SET_SECCOMP = 22 with SECCOMP_MODE_FILTER = 2
+        if prctl(38, 1, None, 0, 0) != 0 or prctl(22, 2, address, 0, 0) != 0:
+            raise OSError(self.ctypes.get_errno(), "the seccomp filter could not be installed")
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -167,14 +185,21 @@ def send(fd: int, kind: bytes, payload: bytes) -> None:
     write_all(fd, HEADER.pack(kind, len(payload)) + payload)
 
 
-_filter = b""  # the seccomp program every test's child installs (set by main)
+_filter: "Seccomp | None" = None  # the filter every test's child installs (set by main)
+_prefix: dict = {}  # the names lcb_runner's import prefix defines (set by main)
 
 
 # --- the child: one test -------------------------------------------------------------------------
 
 
-def _print_exception(exc: BaseException, filename: str) -> None:
-    """The interpreter's message for an uncaught exception, from the program's first frame on."""
+def _print_exception(exc: BaseException, filename: str, code: str) -> None:
+    """The interpreter's message for an uncaught exception, from the program's first frame on,
+    with the program's source lines. traceback and linecache are imported only here: no other
+    module the sandbox loads needs them, and a passing test never does."""
+    import linecache
+    import traceback
+
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != filename:
         tb = tb.tb_next
@@ -239,21 +264,21 @@ def child(setup: dict, text: str, fds: tuple[int, int, int, int | None]) -> None
     os.closerange(3 if value_w is None else 4, 1 << 16)  # the driver's channels stay out of reach
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     _bound(setup)
-    if _filter:
+    if _filter is not None:
         try:
-            install_seccomp(_filter)
+            _filter.install()
         except OSError as err:
             _fail(f"atlas sandbox driver: {err}")
     filename, code = setup["filename"], setup["code"]
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     sys.argv = [filename]
     mode = setup["mode"]
-    namespace = {"__name__": "solution" if mode == "functional" else "__main__"}
+    # This child's own copy of the prefix's namespace (the fork copied it): copying its names into
+    # a new dict would touch thousands of objects, each a page the fork would then copy.
+    namespace = _prefix if mode != "script" else {}
+    namespace["__name__"] = "solution" if mode == "functional" else "__main__"
     try:
         if mode == "functional":
             args = [json.loads(line) for line in text.split("\n") if line.strip()]
-        if mode != "script":
-            exec(IMPORTS, namespace)
         exec(compile(code, filename, "exec"), namespace)
         if mode != "functional":
             _finish(0)
@@ -266,7 +291,7 @@ def child(setup: dict, text: str, fds: tuple[int, int, int, int | None]) -> None
     except SystemExit as exc:
         _finish(_exit_status(exc))
     except BaseException as exc:
-        _print_exception(exc, filename)
+        _print_exception(exc, filename, code)
         _finish(1)
     # The call returned. Its value goes out on its own pipe; stdout is then pointed at that pipe,
     # so whatever is printed from here on (an atexit hook) lands behind the value: an error.
@@ -502,15 +527,27 @@ def main() -> None:
     global _filter
     machine = os.uname().machine
     if machine in SYSCALLS:
-        _filter = seccomp_program(machine)
+        _filter = Seccomp(seccomp_program(machine))
+        Seccomp(seccomp_program(machine, [n for n in DENIED if n not in DRIVER_NEEDS])).install()
     elif contained:
         sys.exit(f"atlas sandbox driver: no seccomp system call table for {machine}")
     memory = (setup["memory_mb"] + DRIVER_HEADROOM_MB) << 20
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    if setup["mode"] != "script":
-        exec(IMPORTS, {})  # import once here; each test's child finds them loaded
+    if setup["imports"]:
+        exec(IMPORTS, _prefix)  # once here: each test's child starts from this namespace
+    # What the driver has loaded lives as long as it does: frozen, a collection in a test's child
+    # never walks it (and never makes the fork copy its pages). BOOT turned collection off while
+    # the interpreter loaded it.
+    gc.freeze()
+    gc.enable()
 
     send(reply, b"R", b"")
+    frame = read_frame(request)
+    if frame is None:
+        return  # never given a program: a sandbox started ahead and not needed
+    if frame[0] != b"P":
+        sys.exit("atlas sandbox driver: expected a program frame")
+    setup.update(json.loads(frame[1]))
     while True:
         frame = read_frame(request)
         if frame is None:

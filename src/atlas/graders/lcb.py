@@ -158,15 +158,7 @@ def _outcome(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
 VERDICT_OF = {"passed": "passed", "wrong_answer": "failed", "timeout": "timeout", "error": "error"}
 
 
-def grade_code(
-    code: str,
-    tests: Sequence[TestCase],
-    *,
-    func_name: str | None,
-    cfg: GraderConfig,
-    stop_at_first_failure: bool = True,
-) -> Verdict:
-    """Run `code` on `tests` in order, one sandboxed child per test, and judge each."""
+def _check_tests(tests: Sequence[TestCase], func_name: str | None) -> None:
     if not tests:
         raise ValueError("grade_code needs at least one test")
     test_types = {t.testtype for t in tests}
@@ -175,6 +167,27 @@ def grade_code(
     if "functional" in test_types and not func_name:
         raise ValueError("functional tests need func_name (the Solution method to call)")
 
+
+def grade_code(
+    code: str,
+    tests: Sequence[TestCase],
+    *,
+    func_name: str | None,
+    cfg: GraderConfig,
+    stop_at_first_failure: bool = True,
+    sandbox: Sandbox | None = None,
+) -> Verdict:
+    """Run `code` on `tests` in order, one sandboxed child per test, and judge each.
+
+    `sandbox`: one started ahead for this program (never loaded), which grade_code loads and
+    closes; by default it starts its own."""
+    try:
+        _check_tests(tests, func_name)
+    except ValueError:
+        if sandbox is not None:
+            sandbox.close()
+        raise
+
     start = time.monotonic()
     budget_note = f"the program's {cfg.program_timeout_s:g} s budget ran out"
     outcomes: list[TestOutcome] = []
@@ -182,9 +195,12 @@ def grade_code(
     skip: tuple[str, str] | None = None  # once set: (what a skipped test means, why it is skipped)
     limits = SandboxLimits.from_config(cfg)
     mode = tests[0].testtype
-    box: Sandbox | None = None
+    box = sandbox
     sandboxed = True
     try:
+        if box is not None:
+            box.load(code, mode=mode, func_name=func_name)
+            sandboxed = box.sandboxed
         for test in tests:
             remaining = cfg.program_timeout_s - (time.monotonic() - start)
             if skip is None and remaining <= 0:
@@ -231,12 +247,35 @@ def grade_code(
 def grade_many(
     jobs: Sequence[tuple[str, Sequence[TestCase], str | None]], *, cfg: GraderConfig
 ) -> list[Verdict]:
-    """Grade (code, tests, func_name) jobs, `cfg.workers` at a time; verdicts in input order."""
+    """Grade (code, tests, func_name) jobs, `cfg.workers` at a time; verdicts in input order.
+
+    Each worker starts the sandbox of its next program before it grades the present one, so that
+    a sandbox's start (bwrap, the interpreter, lcb_runner's imports) overlaps with grading. A
+    sandbox started ahead runs one program like any other; the worker's thread starts it, so it
+    dies with that thread, and one a worker ends up not needing is closed before grade_many
+    returns."""
+    jobs = list(jobs)
+    verdicts: list[Verdict | None] = [None] * len(jobs)
+    claimed = iter(range(len(jobs)))  # next() on a range iterator is atomic under the GIL
+    limits = SandboxLimits.from_config(cfg)
+
+    def worker() -> None:
+        ahead: Sandbox | None = None
+        try:
+            for n in claimed:
+                box, ahead = ahead, None
+                if n + cfg.workers < len(jobs):  # a job is left for this worker, very likely
+                    ahead = Sandbox(mode="stdin", limits=limits)
+                code, tests, name = jobs[n]
+                verdicts[n] = grade_code(code, tests, func_name=name, cfg=cfg, sandbox=box)
+        finally:
+            if ahead is not None:
+                ahead.close()
+
     with ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="lcb-grader") as pool:
-        futures = [
-            pool.submit(grade_code, code, tests, func_name=name, cfg=cfg) for code, tests, name in jobs
-        ]
-        return [f.result() for f in futures]
+        for future in [pool.submit(worker) for _ in range(min(cfg.workers, len(jobs)))]:
+            future.result()
+    return verdicts
 
 
 LABELS = {"wrong_answer": "wrong answer", "timeout": "timeout", "error": "error", "skipped": "skipped"}

@@ -11,7 +11,8 @@ The sandbox holds:
   a network of its own with nothing in it (the host's loopback and sockets are out of reach), and
   a fresh `/proc`; a minimal read-only `/dev`; no `/sys`;
 - a seccomp filter in each test's child (driver.DENIED): no ptrace, no descriptors or memory of
-  other processes, no memory outside RLIMIT_AS (SysV IPC, memfds, xattrs, keyrings, io_uring);
+  other processes, no memory outside RLIMIT_AS (SysV IPC, POSIX message queues, memfds, xattrs,
+  keyrings, io_uring); the driver runs under the same filter but for memfds and pidfds;
 - a read-only root with `/usr` and the interpreter's prefix, with every `site-packages` and
   `dist-packages` folder, the grader's virtual environment and its working directory covered by
   empty read-only folders: no project, no workflow, no host `/tmp`, `/dev/shm` or `/run`;
@@ -20,8 +21,10 @@ The sandbox holds:
 
 The host uid matters: started as root, bwrap would map the sandbox's user to host root, and the
 kernel checks `/proc/sys` against that. As root, the grader therefore starts bwrap as an
-unprivileged uid of its own, `sandbox_uid_base` + the grading thread's id (unique while the thread
-lives, so two programs never share a uid and RLIMIT_NPROC counts one sandbox). Since that uid
+unprivileged uid of its own, `sandbox_uid_base` + 2 x the grading thread's id + a slot, 0 or 1
+(a thread holds at most two sandboxes: the one grading and the next one, started ahead; thread ids
+are unique while the thread lives, so two programs never share a uid and RLIMIT_NPROC counts one
+sandbox). Since that uid
 cannot reach an interpreter under a private home (pyenv's /root/.pyenv), a first bwrap, still root,
 makes a private mount namespace where the interpreter's prefix is bound at /tmp/atlas-python, then
 `setpriv` drops to the uid and runs the sandbox's bwrap there; that first bwrap has a PID
@@ -30,7 +33,13 @@ namespace of its own, so everything below it dies with its init.
 Bounds: the driver kills a test at its time bound and the grader waits HOST_GRACE_S more before it
 kills the whole sandbox; per test RLIMIT_AS / CPU / FSIZE / NOFILE; per sandbox RLIMIT_NPROC and the
 scratch size. `--die-with-parent` chains every process to the grading thread: a grader killed with
-SIGKILL or SIGTERM takes its sandboxes with it. Expected outputs never enter the sandbox.
+SIGKILL or SIGTERM takes its sandboxes with it, those started ahead of their program included.
+Expected outputs never enter the sandbox.
+
+A sandbox can start before its program is known (`Sandbox(mode=..., limits=...)`, then `load`):
+bwrap, the interpreter and lcb_runner's imports are then ready when the program comes, which
+lcb.grade_many uses to overlap a sandbox's start with the grading before it. It still runs one
+program, then it is closed.
 
 Where bwrap cannot start (no user namespaces), programs run under the same driver without it, and
 every result says `sandboxed=False`; with `require_network_isolation` the run is refused instead.
@@ -40,8 +49,10 @@ folders of graders that are gone.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
+import marshal
 import os
 import selectors
 import shutil
@@ -63,6 +74,17 @@ if TYPE_CHECKING:
 
 SCRATCH_PREFIX = "atlas-sandbox-"
 DRIVER_SOURCE = Path(driver.__file__).read_text(encoding="utf-8")
+# The driver goes in compiled (the sandbox's interpreter is this one): compiling its text in every
+# sandbox cost more than starting the interpreter does. BOOT reads it from its own pipe.
+DRIVER_CODE = marshal.dumps(compile(DRIVER_SOURCE, driver.MARK, "exec"))
+BOOT = (
+    "import gc, marshal, os, sys\n"
+    "gc.disable()\n"
+    "fd, chunks = int(sys.argv[5]), []\n"
+    "while chunk := os.read(fd, 1 << 16):\n    chunks.append(chunk)\n"
+    "os.close(fd)\n"
+    "exec(marshal.loads(b''.join(chunks)), {'__name__': '__main__'})\n"
+)
 # -S: no site module, so no site-packages and no .pth file runs (the driver defines exit() and
 # quit(), which site would); -P: no script folder on sys.path. Not -E or -I: PYTHONHASHSEED must
 # hold, so that set order (so tool output, so trajectories) is the same in identical runs. bwrap
@@ -72,6 +94,7 @@ PYTHON = os.path.realpath(sys.executable)
 PREFIX = os.path.realpath(sys.base_prefix)
 STAGE_PYTHON = "/tmp/atlas-python"  # where the root stage binds the prefix for the sandbox's uid
 SANDBOX_UID = 65534  # the program's uid and gid as it sees them
+UIDS_PER_THREAD = 2  # sandboxes one grading thread holds at once: the one grading, the next one
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 START_TIMEOUT_S = 10.0  # a sandbox that has not started by then is an error
 HOST_GRACE_S = 0.3  # past a test's bound, the driver's own kill has had this long to report
@@ -180,8 +203,9 @@ def _root_binds(prefix_source: str) -> list[str]:
     return args
 
 
-def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str]) -> list[str]:
-    """The whole command line of one program's sandbox."""
+def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str], uid: int | None) -> list[str]:
+    """The whole command line of one program's sandbox; `uid`: the host uid to run it as (when the
+    grader is root)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("bwrap (Debian package bubblewrap) is not on PATH")
@@ -227,7 +251,6 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str]) 
     info = ["--info-fd", str(info_fd)]  # the host pid of the outermost PID namespace's init
     if not as_root:
         return [inner[0], *info, *inner[1:]]
-    uid = limits.uid_base + threading.get_native_id()
     # The root stage has a PID namespace of its own: its init dies with the grading thread
     # (--die-with-parent), and the kernel then kills everything below, the unprivileged bwrap
     # (whose parent-death signal the uid change cleared) included.
@@ -241,6 +264,31 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str]) 
         "--pdeathsig=SIGKILL",
     ]
     return [*stage, "--die-with-parent", "--", *drop, "--", *inner]
+
+
+# --- host uids of sandboxes (when the grader is root) ----------------------------------------------
+
+_uid_lock = threading.Lock()
+_uids_taken: set[int] = set()
+
+
+def _claim_uid(base: int) -> int:
+    """A host uid for a new sandbox of this thread: `base` + UIDS_PER_THREAD x the thread's id +
+    the first slot this thread has free. Thread ids are unique on the machine while the thread
+    lives, and a thread's sandboxes die with it, so no two live sandboxes share a uid, and
+    RLIMIT_NPROC counts the processes of one sandbox only."""
+    first = base + UIDS_PER_THREAD * threading.get_native_id()
+    with _uid_lock:
+        for uid in range(first, first + UIDS_PER_THREAD):
+            if uid not in _uids_taken:
+                _uids_taken.add(uid)
+                return uid
+    raise RuntimeError(f"a grading thread holds at most {UIDS_PER_THREAD} sandboxes at once")
+
+
+def _release_uid(uid: int) -> None:
+    with _uid_lock:
+        _uids_taken.discard(uid)
 
 
 # --- scratch folders of unsandboxed runs ---------------------------------------------------------
@@ -337,10 +385,19 @@ class Sandbox:
     """One program's sandbox: its driver starts once, then runs one test at a time.
 
     mode: "stdin" (an LCB program reading its input), "functional" (`Solution().func_name`), or
-    "script" (a plain program: the python tool). Use as a context manager; `close` kills whatever
-    is left and returns once every process of the sandbox is gone."""
+    "script" (a plain program: the python tool). Without `code`, the sandbox starts ahead of its
+    program (bwrap, the interpreter, lcb_runner's imports) and `load` gives it the one program it
+    will run. Use as a context manager; `close` kills whatever is left and returns once every
+    process of the sandbox is gone."""
 
-    def __init__(self, code: str, *, mode: str, limits: SandboxLimits, func_name: str | None = None):
+    def __init__(
+        self,
+        code: str | None = None,
+        *,
+        mode: str,
+        limits: SandboxLimits,
+        func_name: str | None = None,
+    ):
         _swept()
         self.limits, self.mode = limits, mode
         self.sandboxed = isolation_available()
@@ -349,43 +406,60 @@ class Sandbox:
                 "graders.require_network_isolation is true, but bubblewrap cannot start here "
                 f"({_probe()[1]}); expected bwrap and user namespaces"
             )
-        self._start(code, func_name)
+        self._spawn()
+        if code is not None:
+            self.load(code, func_name=func_name)
 
-    def _start(self, code: str, func_name: str | None) -> None:
+    def _spawn(self) -> None:
+        """Start the sandbox and send the driver its setup; `load` reads its ready reply."""
         request_r, self.request = os.pipe()
         self.reply, reply_w = os.pipe()
         info_r, info_w = os.pipe()
-        driver_args = [PYTHON, *PYTHON_FLAGS, "-c", DRIVER_SOURCE, driver.MARK, str(request_r), str(reply_w)]
-        self.scratch = None
-        env = dict(ENV)
-        if self.sandboxed:
-            command = _bwrap_command(self.limits, info_w, [*driver_args, "1"])
-            cwd = "/"
-        else:
-            self.scratch = tempfile.mkdtemp(prefix=scratch_prefix())
-            command, cwd = [*driver_args, "0"], self.scratch
-            env.update(HOME=self.scratch, TMPDIR=self.scratch)
+        code_r, code_w = os.pipe()
+        if len(DRIVER_CODE) > fcntl.fcntl(code_w, fcntl.F_GETPIPE_SZ):
+            fcntl.fcntl(code_w, fcntl.F_SETPIPE_SZ, len(DRIVER_CODE))
         try:
+            os.write(code_w, DRIVER_CODE)  # whole: it fits the pipe, and no one reads it yet
+        finally:
+            os.close(code_w)
+        fds = (request_r, reply_w, info_w, code_r)
+        driver_args = [PYTHON, *PYTHON_FLAGS, "-c", BOOT, driver.MARK, str(request_r), str(reply_w)]
+        driver_args += ["1" if self.sandboxed else "0", str(code_r)]
+        self.scratch, self.uid, self.loaded = None, None, False
+        env = dict(ENV)
+        try:
+            if self.sandboxed:
+                self.uid = _claim_uid(self.limits.uid_base) if os.geteuid() == 0 else None
+                command, cwd = _bwrap_command(self.limits, info_w, driver_args, self.uid), "/"
+            else:
+                self.scratch = tempfile.mkdtemp(prefix=scratch_prefix())
+                command, cwd = driver_args, self.scratch
+                env.update(HOME=self.scratch, TMPDIR=self.scratch)
             self.proc = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                pass_fds=(request_r, reply_w, info_w),
+                pass_fds=fds,
                 cwd=cwd,
                 env=env,
                 start_new_session=True,
             )
+        except BaseException:
+            for fd in (info_r, self.request, self.reply):
+                os.close(fd)
+            if self.uid is not None:
+                _release_uid(self.uid)
+            if self.scratch is not None:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
         finally:
-            for fd in (request_r, reply_w, info_w):
+            for fd in fds:
                 os.close(fd)
         self.info, self.init_pid = info_r, None
         self.frames = _Frames(self.reply, self.proc.stderr.fileno())
         setup = {
-            "code": code,
-            "mode": self.mode,
-            "func_name": func_name,
-            "filename": "main.py" if self.mode == "script" else "solution.py",
+            "imports": self.mode != "script",
             "memory_mb": self.limits.memory_mb,
             "cpu_s": self.limits.cpu_s,
             "file_size_mb": self.limits.file_size_mb,
@@ -393,10 +467,30 @@ class Sandbox:
             "max_output_bytes": self.limits.max_output_bytes,
             "max_processes": self.limits.max_processes,
         }
+        # Into an empty pipe: this never waits for the driver.
+        self.setup_sent = self._send(
+            b"S", json.dumps(setup).encode("utf-8"), time.monotonic() + START_TIMEOUT_S
+        )
+
+    def load(self, code: str, *, func_name: str | None = None, mode: str | None = None) -> None:
+        """Give the sandbox its program (`mode` defaults to the one it was started for: "stdin" and
+        "functional" are interchangeable, "script" is not). Once only: a sandbox runs one program."""
+        mode = mode or self.mode
+        if self.loaded:
+            raise RuntimeError("a sandbox runs one program only")
+        if (mode == "script") != (self.mode == "script"):
+            raise ValueError(f"a sandbox started for mode {self.mode!r} cannot run a {mode!r} program")
+        self.mode, self.loaded = mode, True
+        program = {
+            "code": code,
+            "mode": mode,
+            "func_name": func_name,
+            "filename": "main.py" if mode == "script" else "solution.py",
+        }
         deadline = time.monotonic() + START_TIMEOUT_S
-        started = self._send(b"S", json.dumps(setup).encode("utf-8"), deadline)
-        frame = self.frames.next(deadline) if started else None
-        if frame is None or frame[0] != b"R":
+        frame = self.frames.next(deadline) if self.setup_sent else None
+        ready = frame is not None and frame[0] == b"R"
+        if not ready or not self._send(b"P", json.dumps(program).encode("utf-8"), deadline):
             why = self.frames.stderr.decode("utf-8", errors="replace").strip()
             self.close()
             raise SandboxUnavailable(f"the sandbox did not start: {why or 'no reply from its driver'}")
@@ -505,6 +599,9 @@ class Sandbox:
             if fd is not None:
                 os.close(fd)
         self.request = self.reply = self.info = None
+        if self.uid is not None:  # every process of the sandbox is gone: the uid is free
+            _release_uid(self.uid)
+            self.uid = None
         self.frames.closed = True
         self.proc.stderr.close()
         if self.scratch is not None:
@@ -529,7 +626,8 @@ def _probe_once() -> tuple[bool, str]:
     box = Sandbox.__new__(Sandbox)
     box.limits, box.mode, box.sandboxed = limits, "script", True
     try:
-        box._start("print('ok')", None)
+        box._spawn()
+        box.load("print('ok')")
     except (SandboxUnavailable, OSError) as err:
         return False, str(err)
     try:

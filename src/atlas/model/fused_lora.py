@@ -59,7 +59,7 @@ def has_lora(model: torch.nn.Module) -> bool:
 @contextlib.contextmanager
 def fused_lora(model: torch.nn.Module):
     """Give every peft lora.Linear in `model` the fused forward for the block's duration. A graph
-    compiled inside one block is reused by the next (tests/test_packing.py checks it)."""
+    compiled inside one block is reused by the next (tests/unit/test_packing.py checks it)."""
     layers = [m for m in model.modules() if isinstance(m, LoraLinear)]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no peft LoRA linear layers to fuse")

@@ -12,7 +12,7 @@ For consecutive steps t < t' (t' the next sampled position):
 
 This is what verl 0.9.1's `compute_gae_advantage_return(token_level_rewards, values,
 response_mask, gamma, lam)` computes at response_mask-1 positions when response_mask is our
-sampled mask (checked in tests/test_rl_math.py). verl then whitens the advantages over the whole
+sampled mask (checked in tests/unit/test_rl_math.py). verl then whitens the advantages over the whole
 batch (`whiten=True` here does the same; returns are never whitened). Two corners differ, both at
 positions no loss or statistic reads:
 - at mask-0 positions verl's advantage is the carried advantage of the next step (and its return

@@ -112,7 +112,7 @@ class Passes:
             dtype (atlas.model.fused_lora: bf16 on a GPU, where peft would run them in float32).
 
     Both give the same [B, T] log-probs, entropies (of the raw next-token distribution) and values
-    in float32; tests/test_packing.py checks that a PPO update through either moves the adapters
+    in float32; tests/unit/test_packing.py checks that a PPO update through either moves the adapters
     alike.
     """
 

@@ -52,13 +52,18 @@ def build_policy(model_dir: Path, training: TrainingConfig, seed: int, device: s
     config asks for them (both act in the updates: transformers recomputes layers in training
     mode, and rollouts sample from their own model, see rollout_model)."""
     base, tokenizer = load_model(model_dir, device)
+    return policy_on(base, training, seed, device), tokenizer
+
+
+def policy_on(base, training: TrainingConfig, seed: int, device: str) -> ActorCritic:
+    """build_policy over a base model already in memory (the benchmarks' shapes)."""
     ac = ActorCritic(base, training, seed=seed).to(device)
     cuda = torch.device(device).type == "cuda"
     if training.ppo.on_gpu("gradient_checkpointing", cuda):
         ac.peft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if wanted(training.ppo.liger, cuda):
         apply_liger(ac.peft)
-    return ac, tokenizer
+    return ac
 
 
 def rollout_model(ac: ActorCritic, training: TrainingConfig, device: str) -> MergedModel | None:

@@ -19,6 +19,11 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
   gathered into that bucket's cache): a step costs what the live rows need, not the batch that
   started. Finished rows in a bucket feed their last token; nothing reads them.
 
+The caches are bounded: a call drops the caches of other lengths (a later turn's prompts are
+longer), and a batch whose caches would pass `cache_bytes` (on a GPU, by default, half of the
+device's memory) is generated in consecutive chunks of rows that fit. Every request keeps its own
+sampling key, so chunks give the tokens one batch would.
+
 On CPU (compile=False) it runs the same code eagerly; the tests compare it there with HFEngine.
 """
 
@@ -41,6 +46,7 @@ from atlas.runtime.engine import Generation, GenerationRequest
 from atlas.runtime.sampling import draw, seed_key, step_keys
 
 KEEP_CACHES = 8  # buckets kept: one call's batch and the smaller ones it shrinks into (~2x its memory)
+CACHE_SHARE = 0.5  # of the GPU's memory, for the KV caches when cache_bytes is not given
 PACKED_GQA = "atlas_packed_gqa"
 
 
@@ -111,6 +117,7 @@ class StaticEngine:
         min_batch: int = 8,
         length_multiple: int = 64,
         shrink: bool = True,
+        cache_bytes: int | None = None,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -133,6 +140,21 @@ class StaticEngine:
             "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
         )
         self._caches: dict[tuple[int, int], StaticCache] = {}
+        if cache_bytes is None and self.device.type == "cuda":
+            cache_bytes = int(CACHE_SHARE * torch.cuda.get_device_properties(self.device).total_memory)
+        self.cache_bytes = cache_bytes  # None: unbounded (CPU)
+        head_dim = getattr(self.config, "head_dim", None) or (
+            self.config.hidden_size // self.config.num_attention_heads
+        )
+        # keys and values of every layer at one position of one row
+        self.position_bytes = (
+            2
+            * self.config.num_hidden_layers
+            * self.config.num_key_value_heads
+            * head_dim
+            * torch.finfo(self.dtype).bits
+            // 8
+        )
         # CPU seconds of the last generate call: filling masks, launching (pick and the next
         # forward), waiting for the step's tokens, and reading them (accept, bookkeeping).
         self.last_timing: dict = {}
@@ -150,9 +172,25 @@ class StaticEngine:
         # fewer graph nodes than peft's forward (h200_rollout_1.7b_lora64{,_peft}.json).
         self.fuse_lora = self.compiled and has_lora(model)
 
+    def chunk_rows(self, n: int, length: int) -> int:
+        """Rows generated together so that a batch's caches (its bucket and the smaller ones it
+        shrinks into: under twice the bucket) stay within cache_bytes; n when unbounded."""
+        if self.cache_bytes is None:
+            return n
+        fits = self.cache_bytes // (2 * length * self.position_bytes)
+        if fits < 1:
+            raise RuntimeError(
+                f"one row's KV cache of {length} positions ({2 * length * self.position_bytes} bytes "
+                f"with its shrink buckets) passes the engine's cache_bytes ({self.cache_bytes})"
+            )
+        rows = 1
+        while rows * 2 <= fits:  # a power of two: a bucket of its own
+            rows *= 2
+        return min(n, rows)
+
     def _cache(self, batch: int, length: int) -> StaticCache:
-        """The bucket's cache, zeroed; the two most recently used buckets are kept (a cache of
-        the report's model and batch takes tens of GB)."""
+        """The bucket's cache, zeroed; the most recently used buckets of this length are kept (a
+        cache of the report's model and batch takes tens of GB)."""
         key = (batch, length)
         cache = self._caches.pop(key, None) or StaticCache(config=self.config, max_cache_len=length)
         self._caches[key] = cache
@@ -249,11 +287,24 @@ class StaticEngine:
             self.config._attn_implementation = before
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        n = len(requests)
-        rows = bucket(n, self.min_batch)
         width = max(len(r.prompt_ids) for r in requests)
         cap = max(r.max_new_tokens for r in requests)
         length = cache_length(width + cap, self.length_multiple)
+        for key in [k for k in self._caches if k[1] != length]:  # another turn's: not read again soon
+            del self._caches[key]
+        step = self.chunk_rows(len(requests), length)
+        outs, timing = [], None
+        for start in range(0, len(requests), step):
+            outs += self._generate_chunk(requests[start : start + step], width, cap, length)
+            timing = _add_timing(timing, self.last_timing)
+        self.last_timing = timing | {"chunks": -(-len(requests) // step)}
+        return outs
+
+    def _generate_chunk(self, requests, width: int, cap: int, length: int) -> list[Generation]:
+        """Requests whose caches fit, as one batch in a cache of `length` positions; prompts
+        left-padded to `width`, at most `cap` new tokens."""
+        n = len(requests)
+        rows = bucket(n, self.min_batch)
         dev = self.device
         cache, attn, positions, logits = self._prefill([r.prompt_ids for r in requests], rows, width, length)
         outs = [Generation() for _ in requests]
@@ -366,3 +417,10 @@ class StaticEngine:
             clock["host_s"] += time.perf_counter() - t2
         clock["steps"] = step
         return outs
+
+
+def _add_timing(total: dict | None, part: dict) -> dict:
+    """The clock of several chunks: seconds, shrinks and steps summed."""
+    if total is None:
+        return dict(part)
+    return {k: total[k] + part[k] for k in part}

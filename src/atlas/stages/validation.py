@@ -60,7 +60,8 @@ def software_stack() -> dict:
 
 
 def tensor_sha(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+    # the raw bytes, through uint8: numpy has no bfloat16
+    return hashlib.sha256(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def final_answer(ep) -> str:

@@ -27,7 +27,8 @@ Each episode is also written to `records_dir/<phase>/global_step_<g>/<uid>__<sam
 verl's update uses it, which `atlas.verl.convert` turns into the run folder's records.parquet.
 
 The loop is configured by one JSON file (`LoopSettings`, written by atlas.verl.launch) named in
-the agent-loop YAML as `settings: <path>`; verl instantiates the class with it as a keyword.
+the agent-loop YAML as `settings: <path>`; verl instantiates the class with it as a keyword. That
+YAML entry is the loop's only registration.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 from pydantic import BaseModel
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 from atlas.config import AtlasConfig, RunConfig, TrainSlice
 from atlas.hashing import atomic_path, canonical_json
@@ -378,7 +379,9 @@ def write_failure(setup: LoopSetup, row: dict[str, Any], err: BaseException) -> 
     return path
 
 
-@register(AGENT_NAME)
+# Not @register(AGENT_NAME): verl's worker fills its registry from the agent-loop YAML (with
+# `settings`) and imports this module on the first instantiation; the decorator would then replace
+# that entry with one without `settings`, and every later episode would fail to build.
 class AtlasToolAgentLoop(AgentLoopBase):
     """One episode per call of `run`; see the module docstring."""
 

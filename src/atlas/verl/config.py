@@ -209,6 +209,15 @@ def _unmappable(cfg: AtlasConfig) -> None:
         )
 
 
+def attention(cfg: AtlasConfig) -> str:
+    """training.verl.attn_implementation resolved in this environment (the launch's, which is the
+    workers')."""
+    chosen = cfg.training.verl.attn_implementation
+    if chosen != "auto":
+        return chosen
+    return "flash_attention_2" if importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+
 def verl_overrides(cfg: AtlasConfig, run: str, paths: VerlPaths) -> list[str]:
     """verl's Hydra overrides for training run `run`, in the order main_ppo applies them; the
     user's training.verl.overrides come last and so win."""
@@ -273,6 +282,8 @@ def verl_overrides(cfg: AtlasConfig, run: str, paths: VerlPaths) -> list[str]:
         "algorithm.lam": ppo.lam,
         # -- actor, reference (LoRA: the actor with its adapter off) and rollout share one model
         **{f"{ar}.model.{k}": val for k, val in model.items()},
+        # verl reads the attention from override_config (HFModelConfig, default flash_attention_2)
+        f"+{ar}.model.override_config.attn_implementation": attention(cfg),
         f"{ar}.actor.strategy": "fsdp2",
         **{f"{ar}.actor.fsdp_config.{k}": val for k, val in fsdp.items()},
         **{f"{ar}.ref.fsdp_config.{k}": val for k, val in fsdp.items() if k != "optimizer_offload"},
@@ -326,6 +337,7 @@ def verl_overrides(cfg: AtlasConfig, run: str, paths: VerlPaths) -> list[str]:
         # -- critic: the same base model with its own LoRA and value head
         "critic.strategy": "fsdp2",
         **{f"critic.model.{k}": val for k, val in model.items()},
+        "+critic.model.override_config.attn_implementation": attention(cfg),
         **{f"critic.fsdp.{k}": val for k, val in fsdp.items()},
         "critic.fsdp.seed": cfg.seed,
         "critic.data_loader_seed": cfg.seed,

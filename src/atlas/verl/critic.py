@@ -18,6 +18,10 @@ What this module changes, without forking verl:
     the LoRA-only model file verl writes, and on load accepts LoRA + head as a LoRA-only state dict
     (verl then loads it non-strictly and rejects unexpected keys); a LoRA-only critic file without
     the head fails loudly instead of resuming with a random head;
+  - `CriticEngine._build_module` loads the critic with the attention the model config names
+    (`override_config.attn_implementation`): verl's `load_valuehead_model` asks for
+    flash_attention_2 whatever the config says, and where the flash-attn package is missing it
+    falls back to trl's value-head wrapper, or fails asking for trl;
   - on import, the module checks that verl is 0.9.1 and that the verl functions it overrides or
     wraps have the source it was written against, then puts `CriticEngine` in verl's
     `EngineRegistry` in place of `FSDPEngineWithValueHead` (value_model, fsdp and fsdp2).
@@ -31,6 +35,7 @@ so `external_lib_overrides()` sets that variable in the Ray job's runtime env.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import logging
@@ -40,6 +45,7 @@ from collections.abc import Mapping
 
 import torch
 import verl
+import verl.utils.model as verl_model_utils
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from torch import nn
 from torch.distributed.fsdp import ShardedStateDictConfig, StateDictType
@@ -63,7 +69,12 @@ _HEAD_KEY = re.compile(
 
 # What this module replaces, wraps or relies on in verl 0.9.1, with the sha256 of its source.
 _OWNERS = {c.__name__: c for c in (FSDPEngine, FSDPCheckpointManager, BaseCheckpointManager)}
+_OWNERS["verl_model_utils"] = verl_model_utils
 _EXPECTED_SOURCES = {
+    # wrapped: imports load_valuehead_model from verl.utils.model when it builds a value model
+    "FSDPEngine._build_module": "3935df3e22bb9ad00ebe0818a3454ebf8e85035882857d57f7476fe3bc1dad3f",
+    # replaced while the critic builds: hard-codes attn_implementation="flash_attention_2"
+    "verl_model_utils.load_valuehead_model": "2371ca280654b53bc2f25101ff2eb1898aafef14570f7ed94883d0b4a4ac825b",
     # replaced for the value model: builds the LoRA with TaskType.CAUSAL_LM
     "FSDPEngine._build_lora_module": "31ad1f73ed3cb76436401459b1a4fd3a31f83cff08c02c45214e1d119b37dedc",
     # wrapped: builds the FSDPCheckpointManager that CriticEngine re-classes
@@ -266,8 +277,42 @@ class CriticCheckpointManager(FSDPCheckpointManager):
         return True
 
 
+def load_value_model(local_path, torch_dtype, model_config, trust_remote_code):
+    """The critic as verl's load_valuehead_model (utils/model.py:641) loads it, a token classifier
+    with one label, but with the attention `model_config` names (verl builds it from
+    override_config.attn_implementation) instead of a hard-coded flash_attention_2. No trl
+    fallback: the critic LoRA above is built for the token classifier, and a load error is raised
+    as it is."""
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification.from_pretrained(
+        pretrained_model_name_or_path=local_path,
+        torch_dtype=torch_dtype,
+        config=model_config,
+        attn_implementation=model_config._attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+@contextlib.contextmanager
+def _value_model_loader():
+    """verl.utils.model.load_valuehead_model is load_value_model for the block (FSDPEngine's
+    _build_module imports it from the module when it runs)."""
+    verl_loader = verl_model_utils.load_valuehead_model
+    verl_model_utils.load_valuehead_model = load_value_model
+    try:
+        yield
+    finally:
+        verl_model_utils.load_valuehead_model = verl_loader
+
+
 class CriticEngine(FSDPEngineWithValueHead):
-    """verl's FSDP value-model engine with a TOKEN_CLS critic LoRA and CriticCheckpointManager."""
+    """verl's FSDP value-model engine with a TOKEN_CLS critic LoRA, the configured attention and
+    CriticCheckpointManager."""
+
+    def _build_module(self):
+        with _value_model_loader():
+            return super()._build_module()
 
     def _build_lora_module(self, module):
         return apply_critic_lora(module, self.model_config)
@@ -294,7 +339,7 @@ def check_verl() -> None:
             "LoRA-only checkpoint filter in that version before changing VERL_VERSION."
         )
     for qualname, expected in _EXPECTED_SOURCES.items():
-        owner, name = qualname.split(".")
+        owner, name = qualname.rsplit(".", 1)
         fn = inspect.getattr_static(_OWNERS[owner], name)
         fn = getattr(fn, "__func__", fn)  # a staticmethod
         digest = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()

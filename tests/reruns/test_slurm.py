@@ -1,0 +1,281 @@
+"""The pipeline through a real single-node SLURM cluster (scripts/slurm_local.sh, Debian's
+slurm-wlm + munge) with `snakemake --profile profiles/slurm-local`.
+
+A slice of the embedded default (data, model, smoke, training smoke) runs as sbatch jobs: each job
+is checked in squeue and by its SLURM log, the outputs are compared with a local run of the same
+slice, a rerun plans nothing, and a job that fails under SLURM fails the workflow with its log.
+
+Needs root and the packages (`apt-get install -y slurm-wlm munge`, `pip install -e '.[slurm]'`).
+Under CI (CI=true) a missing package fails the test; elsewhere it skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from atlas.hashing import is_bookkeeping
+from conftest import REPO, copy_workflow
+
+SCRIPT = REPO / "scripts" / "slurm_local.sh"
+SLICE = ["results/runs/smoke", "results/runs/training_smoke"]
+SLICE_RULES = {"prepare_data", "build_tiny_model", "smoke", "train"}
+# Columns and keys that hold measured times or machine readings: the only values of a run that
+# differ between two runs of the same inputs (DESIGN: timing_s/*, perf/*).
+# Files that are measurements through and through: sampled CPU / memory / GPU readings.
+MEASURED_FILES = {"samples.json", "device_samples.json"}
+MEASURED = re.compile(r"^(timing_s/|perf/)|(_s|_seconds|_time|_at)$|^(created|duration|elapsed)")
+
+
+def mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+def _require_slurm() -> None:
+    missing = [t for t in ("munged", "slurmctld", "slurmd", "sbatch", "squeue") if not shutil.which(t)]
+    try:
+        import snakemake_executor_plugin_slurm  # noqa: F401
+    except ImportError:
+        missing.append("snakemake-executor-plugin-slurm")
+    why = None
+    if missing:
+        why = f"missing {missing}: apt-get install -y slurm-wlm munge; pip install -e '.[slurm]'"
+    elif os.geteuid() != 0:
+        why = "slurmd needs root"
+    if why is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"the SLURM test must run in CI: {why}")
+    pytest.skip(why)
+
+
+def snakemake(workdir: Path, *args: str, env: dict | None = None, check: bool = True, timeout: float = 900):
+    """`python -m snakemake ARGS` in workdir; a run past `timeout` fails the test (never a hang)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def _pids(state: Path) -> dict[str, int]:
+    return {p.stem: int(p.read_text().strip()) for p in (state / "run").glob("*.pid")}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A running local cluster; the environment that points sbatch/squeue at it."""
+    _require_slurm()
+    state = tmp_path_factory.mktemp("slurm") / "cluster"
+    up = subprocess.run([SCRIPT, "up", state], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    assert up.stdout.strip() == f"export SLURM_CONF={state}/slurm.conf"
+    env = {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
+    pids = _pids(state)
+    assert set(pids) == {"munged", "slurmctld", "slurmd"}
+    # the one path outside the state folder: the default config path that jobs' srun reads
+    assert os.readlink("/etc/slurm/slurm.conf") == str(state / "slurm.conf")
+    # up again: the same cluster, nothing restarted
+    again = subprocess.run([SCRIPT, "up", state], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout == up.stdout and _pids(state) == pids
+    yield env, state
+    down = subprocess.run([SCRIPT, "down", state], capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    # down stops what up started and leaves nothing behind
+    assert not state.exists() and not os.path.lexists("/etc/slurm/slurm.conf")
+    assert not [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists()]
+    node = "atlas" + __import__("hashlib").sha256(str(state).encode()).hexdigest()[:8]
+    assert not list(Path("/sys/fs/cgroup").glob(f"*/slurm_{node}"))
+
+
+def squeue_states(env: dict, job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """Job id -> (state, comment), for jobs still listed (finished ones stay for MinJobAge).
+    The plugin puts `rule_<rule>[_wildcards_<...>]` in each job's comment."""
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T %k"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    return {job: (state, comment) for job, state, comment in (line.split() for line in out.splitlines())}
+
+
+def slurm_jobs(workdir: Path) -> dict[str, list[str]]:
+    """rule -> SLURM job ids, from the plugin's logs (.snakemake/slurm_logs/rule_<rule>/.../<id>.log)."""
+    jobs: dict[str, list[str]] = {}
+    for log in (workdir / ".snakemake" / "slurm_logs").rglob("*.log"):
+        rule = next(p for p in log.relative_to(workdir / ".snakemake" / "slurm_logs").parts).removeprefix(
+            "rule_"
+        )
+        jobs.setdefault(rule, []).append(log.stem)
+    return jobs
+
+
+def without_measured(value):
+    """A JSON value without the keys that hold measured times or readings."""
+    if isinstance(value, dict):
+        return {k: without_measured(v) for k, v in value.items() if not MEASURED.search(k)}
+    if isinstance(value, list):
+        return [without_measured(v) for v in value]
+    return value
+
+
+def comparable(path: Path, same_bytes: set[str], root: Path):
+    """A file's content with measured values left out: parquet frames and JSON without them; a
+    MANIFEST.json by the files it lists (their names, and the hashes of those that are the same
+    byte for byte in both runs); anything else as bytes."""
+    if path.suffix == ".parquet":
+        frame = pl.read_parquet(path)
+        return frame.drop([c for c in frame.columns if MEASURED.search(c)])
+    if path.name == "MANIFEST.json":
+        manifest = json.loads(path.read_text())
+        folder = path.parent.relative_to(root)
+        files = {
+            name: entry["sha256"] if str(folder / name) in same_bytes else None
+            for name, entry in manifest["files"].items()
+            if "wandb/" not in name
+        }
+        return {"keys": sorted(manifest), "files": files}
+    if path.name in MEASURED_FILES:
+        return "measured"
+    if path.name == "adapter_config.json":
+        # peft writes target_modules, a set, in the interpreter's hash order
+        config = json.loads(path.read_text())
+        return {**config, "target_modules": sorted(config["target_modules"])}
+    if path.suffix == ".json":
+        return without_measured(json.loads(path.read_text()))
+    return path.read_bytes()
+
+
+def tree(root: Path) -> dict[str, Path]:
+    """The outputs under results/, without logs, wandb's offline run folders (named by start
+    time, holding system readings), hash caches (keyed by inode and mtime) and run locks (holding
+    the writer's pid): the same paths in two runs of the same inputs."""
+    return {
+        str(p.relative_to(root)): p
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+        and not str(p.relative_to(root)).startswith("logs/")
+        and "/wandb/" not in str(p)
+        and not is_bookkeeping(p.name)
+        and not (p.parent.name == "checkpoints" and p.suffix == ".lock")
+    }
+
+
+def test_slice_through_slurm_matches_a_local_run(cluster, tmp_path):
+    env, state = cluster
+    local = copy_workflow(mkdir(tmp_path / "local"))
+    slurm = copy_workflow(mkdir(tmp_path / "slurm"))
+
+    t0 = time.monotonic()
+    snakemake(local, "--cores", "2", *SLICE)
+    local_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    proc = snakemake(slurm, "--profile", "profiles/slurm-local", *SLICE, env=env)
+    slurm_s = time.monotonic() - t0
+    print(f"\nslice {SLICE}: local {local_s:.1f} s, through SLURM {slurm_s:.1f} s")
+
+    # every job ran as a SLURM job: one log each under the run, its id known to the cluster
+    jobs = slurm_jobs(slurm)
+    assert set(jobs) == SLICE_RULES and all(len(ids) == 1 for ids in jobs.values()), jobs
+    ids = [i for ids in jobs.values() for i in ids]
+    listed = squeue_states(env, ids)
+    assert sorted(listed) == sorted(ids), listed
+    for rule, (job,) in jobs.items():
+        state, comment = listed[job]
+        assert state == "COMPLETED" and comment.startswith(f"rule_{rule}"), (rule, listed[job])
+    submitted = set(re.findall(r"submitted with SLURM jobid (\d+)", proc.stdout + proc.stderr))
+    assert submitted == set(ids)
+
+    # the same outputs as the local run: byte for byte, measured times left out
+    local_files, slurm_files = tree(local / "results"), tree(slurm / "results")
+    assert sorted(slurm_files) == sorted(local_files)
+    same_bytes = {r for r in local_files if local_files[r].read_bytes() == slurm_files[r].read_bytes()}
+    differ = []
+    for rel in local_files:
+        if rel in same_bytes:
+            continue
+        a = comparable(local_files[rel], same_bytes, local / "results")
+        b = comparable(slurm_files[rel], same_bytes, slurm / "results")
+        if not (a.equals(b) if isinstance(a, pl.DataFrame) else a == b):
+            differ.append(rel)
+    measured = sorted(set(local_files) - same_bytes - set(differ))
+    print(
+        f"{len(same_bytes)} of {len(local_files)} files byte-identical; equal without measured values: {measured}"
+    )
+    assert not differ, differ
+
+    # a rerun through SLURM plans nothing
+    rerun = snakemake(slurm, "--profile", "profiles/slurm-local", "-n", *SLICE, env=env)
+    assert "Nothing to be done" in rerun.stdout + rerun.stderr
+
+
+def test_a_job_failing_under_slurm_fails_the_workflow_with_its_log(cluster, tmp_path):
+    env, _ = cluster
+    wf = copy_workflow(mkdir(tmp_path / "wf"))
+    # A bad config value that only the job can see: data.lcb.val names a file of no LCB rows.
+    (wf / "bad_lcb_val.jsonl").write_text('{"not": "an LCB row"}\n')
+    (wf / "bad.yaml").write_text("data:\n  lcb:\n    val: bad_lcb_val.jsonl\n")
+    t0 = time.monotonic()
+    proc = snakemake(
+        wf,
+        "--profile",
+        "profiles/slurm-local",
+        "results/data/train.parquet",
+        "--configfile",
+        "bad.yaml",
+        check=False,
+        timeout=300,
+        env=env,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert time.monotonic() - t0 < 300
+    assert re.search(r"SLURM-job '\d+' failed", out), out
+    # the job's own log is shown: the reader's error, naming the file and line (only the log has it)
+    assert "Logfile results/logs/prepare_data.log:" in out, out
+    assert "error: bad_lcb_val.jsonl, line 1: missing keys" in out, out
+
+
+def test_the_profiles_differ_only_in_what_a_cluster_needs():
+    """profiles/slurm and profiles/slurm-local: the same keys; values differ only in partition,
+    account, GPU model, wall times, the local node's sizes and its status polling."""
+    real = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
+    local = yaml.safe_load((REPO / "profiles/slurm-local/config.yaml").read_text())
+
+    def leaves(d, prefix=()):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from leaves(v, (*prefix, k))
+            else:
+                yield (*prefix, k), v
+
+    a, b = dict(leaves(real)), dict(leaves(local))
+    assert set(a) == set(b)
+    cluster_keys = {"slurm_partition", "slurm_account", "gpu_model", "runtime"}
+    node_sizes = {"mem_mb", "cpus_per_task"}
+    polling = {"slurm-status-command", "slurm-init-seconds-before-status-checks"}
+    differ = {path for path in a if a[path] != b[path]}
+    assert {
+        p for p in differ if p[-1] not in cluster_keys | node_sizes | polling and p[0] != "set-threads"
+    } == set()
+    assert b[("executor",)] == "slurm" and b[("slurm-status-command",)] == "squeue"

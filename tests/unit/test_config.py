@@ -1,0 +1,162 @@
+import copy
+
+import pytest
+import yaml
+
+from atlas.config import AtlasConfig, ConfigError, config_slice, json_schema_text, load_config, parse_config
+from conftest import REPO
+
+
+def default_raw() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def test_embedded_default_is_tiny_on_cpu():
+    cfg = load_config(REPO / "config" / "config.yaml")
+    assert cfg.model.path is None and cfg.model.tiny is not None
+    assert cfg.resources.device == "cpu" and cfg.resources.gpus == 0
+    assert all(p.startswith("resources/fixtures/") for p in cfg.model.tiny.corpus)
+    assert cfg.data.gpqa.train == "resources/fixtures/gpqa_train.csv"
+
+
+def test_report25_describes_the_real_study():
+    cfg = load_config(REPO / "config" / "report25.yaml")
+    assert cfg.model.path is not None and cfg.model.tiny is None
+    assert (cfg.resources.device, cfg.resources.gpus) == ("cuda", 2)
+    assert cfg.schedule.steps * cfg.schedule.questions_per_step == 1280
+    assert (cfg.schedule.questions_per_step, cfg.training.responses_per_question) == (32, 8)
+    assert (cfg.data.gpqa.train_questions, cfg.data.lcb.train_questions) == (158, 140)
+    assert (cfg.data.gpqa.val_questions, cfg.data.lcb.val_questions) == (198, 175)
+
+
+def test_committed_schema_matches_the_models():
+    assert (REPO / "config" / "schema.json").read_text() == json_schema_text()
+
+
+def test_every_field_has_a_description():
+    def walk(model):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no description"
+            ann = field.annotation
+            for sub in getattr(ann, "__args__", (ann,)):
+                if isinstance(sub, type) and hasattr(sub, "model_fields"):
+                    walk(sub)
+
+    walk(AtlasConfig)
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (
+            lambda c: c["schedule"].update(steps=0),
+            "schedule.steps: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            lambda c: c["schedule"].update(questions_per_stp=4),
+            "schedule.questions_per_stp: Extra inputs are not permitted",
+        ),
+        (
+            lambda c: c["training"]["runs"]["frozen_potential"].update(snapshot_of="nope"),
+            "runs.frozen_potential.snapshot_of: no run named 'nope'",
+        ),
+        (
+            lambda c: c["training"]["runs"]["training_smoke"].update(snapshot_of="frozen_potential"),
+            "runs.training_smoke.snapshot_of: the chain through 'training_smoke' is a cycle",
+        ),
+        (
+            lambda c: c["training"]["runs"]["zero_potential"].update(steps=9),
+            "training.runs.zero_potential.steps is 9 but schedule.steps is 4",
+        ),
+        (
+            lambda c: c["training"]["runs"]["zero_potential"].update(potential="critic_snapshot"),
+            "potential critic_snapshot needs snapshot_of",
+        ),
+        (
+            lambda c: c["training"]["ppo"].update(kl_mode="sometimes"),
+            "training.ppo.kl_mode: Input should be 'none', 'reward' or 'loss'",
+        ),
+        (lambda c: c["data"]["gpqa"].pop("train"), "data.gpqa.train: Field required"),
+        (
+            lambda c: c["model"]["tiny"].update(num_key_value_heads=3),
+            "model.tiny: Value error, num_attention_heads (2) must be a multiple",
+        ),
+        (
+            lambda c: c["model"].update(path="/models/x"),
+            "model: Value error, set only one of model.path and model.tiny",
+        ),
+        (lambda c: c["resources"].update(gpus=2), "resources: Value error, gpus > 0 needs device: cuda"),
+        (
+            lambda c: c["training"].update(engine="deepspeed"),
+            "training.engine: Input should be 'local' or 'verl'",
+        ),
+    ],
+)
+def test_bad_config_names_key_path_and_reason(edit, expected):
+    raw = copy.deepcopy(default_raw())
+    edit(raw)
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw, "bad.yaml")
+    assert "invalid config bad.yaml" in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_config_slices_hold_only_what_the_stage_reads():
+    cfg = load_config(REPO / "config" / "config.yaml")
+    assert set(config_slice(cfg, "data")) == {"data", "schedule"}
+    assert set(config_slice(cfg, "model")) == {"model"}
+    assert config_slice(cfg, "data")["schedule"]["steps"] == cfg.schedule.steps
+
+
+def test_threads_per_job_are_scheduling_only():
+    """resources.threads sets each model job's threads (1 in the embedded default, so jobs run
+    side by side) and is in no stage's slice: changing it reruns nothing."""
+    raw = default_raw()
+    assert parse_config(raw).resources.threads == 1
+    raw4 = copy.deepcopy(raw)
+    raw4["resources"]["threads"] = 4
+    for stage in ("smoke", "boundary", "validation"):
+        assert config_slice(parse_config(raw), stage) == config_slice(parse_config(raw4), stage)
+        assert config_slice(parse_config(raw), stage)["resources"] == {"device": "cpu", "gpus": 0}
+    assert config_slice(parse_config(raw), "training", "zero_potential") == config_slice(
+        parse_config(raw4), "training", "zero_potential"
+    )
+    raw4["resources"]["threads"] = 0
+    with pytest.raises(ConfigError, match="threads"):
+        parse_config(raw4, "bad.yaml")
+
+
+def test_a_training_slice_holds_only_its_own_run():
+    raw = default_raw()
+    before = config_slice(parse_config(raw), "training", "zero_potential")
+    assert before["training"]["run"] == {
+        "name": "zero_potential",
+        "steps": 4,  # null in the config: the whole schedule
+        "potential": "zero",
+        "dose": 1.0,
+        "snapshot_of": None,
+        "snapshot_step": None,
+    }
+    assert "runs" not in before["training"] and "dose_step" not in before["training"]
+    raw["training"]["runs"]["frozen_potential"]["dose"] = 0.25
+    raw["training"]["dose_step"]["doses"] = [0.0, 2.0]
+    assert config_slice(parse_config(raw), "training", "zero_potential") == before
+    assert config_slice(parse_config(raw), "training", "frozen_potential")["training"]["run"]["dose"] == 0.25
+    assert config_slice(parse_config(raw), "dose_step")["training"]["run"]["doses"] == [0.0, 2.0]
+
+
+def test_checks_resume_the_first_checkpoints_and_sit_in_their_own_slice():
+    from atlas.config import ChecksConfig, config_slice, load_config
+
+    assert [ChecksConfig().resumes(i) for i in range(3)] == [True, False, False]
+    assert [ChecksConfig(resumed_steps=2).resumes(i) for i in range(3)] == [True, True, False]
+    assert all(ChecksConfig(resumed_steps="all").resumes(i) for i in range(50))
+    with pytest.raises(ValueError):
+        ChecksConfig(resumed_steps="some")
+    cfg = load_config(REPO / "config" / "config.yaml")
+    checks, training = (
+        config_slice(cfg, "checks", "zero_potential"),
+        config_slice(cfg, "training", "zero_potential"),
+    )
+    assert checks.pop("checks") == {"resumed_steps": 1}
+    assert checks == training and "checks" not in training  # changing it reruns no training

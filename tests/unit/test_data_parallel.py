@@ -1,0 +1,45 @@
+"""Data-parallel bookkeeping without processes: how rows are dealt to ranks, mini-batches per
+rank, merged reports, the ranks setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from atlas.config import ResourcesConfig
+from atlas.rl.distributed import Ranks, Share, StepSync, merge_reports
+from atlas.runtime.protocol import ProtocolReport
+
+
+def test_rows_are_dealt_round_robin_and_gathered_back_in_order():
+    share = Share(Ranks(rank=1, world=3), total=8)
+    assert share.rows == [1, 4, 7]
+    assert share.mine(list("abcdefgh")) == ["b", "e", "h"]
+    with pytest.raises(ValueError, match="7 items for a share of 8"):
+        share.mine(list("abcdefg"))
+
+
+def test_a_mini_batch_without_rows_on_a_rank_is_refused():
+    share = Share(Ranks(rank=0, world=2), total=4)  # rank 0: rows 0, 2; rank 1: rows 1, 3
+    assert StepSync(None, share, mini_batches=2).mini_batches(2, 2) == [[0], [1]]
+    StepSync(None, share, mini_batches=3)  # ceil(4 / 3) = 2 rows a mini-batch: both ranks in each
+    with pytest.raises(SystemExit, match=r"mini-batch 1 \(rows 1-1 of 4\) has no rows on rank 0 of 2"):
+        StepSync(None, share, mini_batches=4)
+
+
+def test_reports_merge_in_global_episode_order():
+    a, b = ProtocolReport(episodes=2, calls=3), ProtocolReport(episodes=1, calls=1, violations=1)
+    b.violation_rows.append({"question_uid": "q1", "sample": 0, "turn": 0})
+    a.violations = 1
+    a.violation_rows.append({"question_uid": "q2", "sample": 0, "turn": 1})
+    order = {("q1", 0): 0, ("q2", 0): 1}
+    merged = merge_reports([a, b], lambda r: order[(r["question_uid"], r["sample"])])
+    assert (merged.episodes, merged.calls, merged.violations) == (3, 4, 2)
+    assert [r["question_uid"] for r in merged.violation_rows] == ["q1", "q2"]
+
+
+def test_ranks_config():
+    assert ResourcesConfig().world_size == 1
+    assert ResourcesConfig(ranks=2).world_size == 2
+    assert ResourcesConfig(device="cuda", gpus=2).world_size == 2
+    with pytest.raises(ValueError, match="on cuda each rank has one GPU"):
+        ResourcesConfig(device="cuda", gpus=2, ranks=1)
