@@ -201,8 +201,11 @@ def test_a_batch_past_the_cache_budget_runs_in_chunks_with_the_same_tokens(runti
     fast.generate(short)
     assert {n for _, n in fast._caches} == {cache_length(max(len(r.prompt_ids) for r in short) + 5, 64)}
     tight = eager_static_engine(runtime, cache_bytes=probe.position_bytes)
-    with pytest.raises(RuntimeError, match=r"passes the engine's cache_bytes \(\d+\)"):
+    with pytest.raises(RuntimeError, match=r"8 rows \(min_batch\) .* pass the engine's cache_bytes \(\d+\)"):
         tight.generate(requests)
+    # two rows fit, but the smallest bucket is 4 rows: refused rather than past the budget
+    with pytest.raises(RuntimeError, match=r"4 rows \(min_batch\)"):
+        eager_static_engine(runtime, min_batch=4, cache_bytes=two_rows + 1).chunk_rows(5, length)
 
 
 def test_a_runtime_on_a_gpu_generates_with_the_static_engine(runtime):

@@ -178,10 +178,11 @@ class StaticEngine:
         if self.cache_bytes is None:
             return n
         fits = self.cache_bytes // (2 * length * self.position_bytes)
-        if fits < 1:
+        if fits < self.min_batch:  # the smallest bucket holds min_batch rows whatever the chunk
             raise RuntimeError(
-                f"one row's KV cache of {length} positions ({2 * length * self.position_bytes} bytes "
-                f"with its shrink buckets) passes the engine's cache_bytes ({self.cache_bytes})"
+                f"{self.min_batch} rows (min_batch) of KV cache at {length} positions "
+                f"({self.min_batch * 2 * length * self.position_bytes} bytes with their shrink buckets) "
+                f"pass the engine's cache_bytes ({self.cache_bytes})"
             )
         rows = 1
         while rows * 2 <= fits:  # a power of two: a bucket of its own
