@@ -78,19 +78,13 @@ ONLY_FUNCTIONS: dict[str, set[str]] = {
     "sandbox_bounds": {"SandboxLimits.from_config", "_Capped.__init__", "_Capped.add", "_Capped.text"},
 }
 
-# Modules whose tests use the tiny model and the prepared data: both are built once per run
-# (from the unmutated scratch copy) and handed to every mutant's session (tests/conftest.py reads
+# Modules whose tests use the tiny model and the prepared data: both are built once per run by
+# the workflow's own rules in the unmutated scratch copy (`snakemake prepare_data
+# build_tiny_model`: results/data, results/models/tiny) and handed to every mutant's session (tests/conftest.py reads
 # ATLAS_TEST_TINY_MODEL and ATLAS_TEST_DATA_DIR), not rebuilt for each mutant (~1 min each).
 PREBUILT = {"grammar", "replay", "checkpoint"}
-PREBUILD = """
-import sys
-from pathlib import Path
-sys.path.insert(0, "tests")
-import conftest
-Path(sys.argv[2]).mkdir(parents=True)
-conftest.prepare_data_dir(Path(sys.argv[2]))
-conftest._build_model(Path(sys.argv[1]))
-"""
+PREBUILD_RULES = ["prepare_data", "build_tiny_model"]
+PREBUILT_DATA, PREBUILT_MODEL = "results/data", "results/models/tiny"
 
 # What tests/conftest.py reads beside src/ and tests/ (the tiny model's config, the fixtures).
 ALSO_COPY = ["config", "resources", "Snakefile", "rules", "profiles", "envs", "report"]
@@ -178,8 +172,9 @@ def run_module(label: str, sources: list[str], tests: list[str], children: int, 
         # never the working tree's; mutmut's own workers import mutants/src first.
         env = {**os.environ, "PYTHONPATH": str(work / "src")}
         if label in PREBUILT:
-            model, data = work / ".prebuilt" / "tiny", work / ".prebuilt" / "data"
-            subprocess.run([sys.executable, "-c", PREBUILD, model, data], cwd=work, env=env, check=True)
+            build = [sys.executable, "-m", "snakemake", *PREBUILD_RULES, "--cores", "2", "--quiet", "all"]
+            subprocess.run(build, cwd=work, env=env, check=True)
+            data, model = work / PREBUILT_DATA, work / PREBUILT_MODEL
             env |= {"ATLAS_TEST_TINY_MODEL": str(model), "ATLAS_TEST_DATA_DIR": str(data)}
         mutmut = [sys.executable, "-m", "mutmut"]
         run = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=work, env=env)
