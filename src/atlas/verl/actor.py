@@ -24,21 +24,13 @@ through VERL_USE_EXTERNAL_MODULES.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import logging
-import os
-
 import torch
-import verl
 from verl.utils import tensordict_utils as tu
-from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from atlas.rl.replay import unpack_bitmask
+from atlas.verl import patching
 from atlas.verl.transport import INDEX, TABLE
-
-logger = logging.getLogger(__name__)
 
 VERL_VERSION = "0.9.1"
 _EXPECTED_SOURCES = {
@@ -151,47 +143,25 @@ class MaskedActorEngine(FSDPEngineWithLMHead):
         return model_output
 
 
-def _source_hash(fn) -> str:
-    return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
-
-
 def check_verl() -> None:
-    if verl.__version__ != VERL_VERSION:
-        raise VerlActorPatchError(
-            f"atlas.verl.actor was written against verl {VERL_VERSION}; verl {verl.__version__} is "
-            f"installed ({os.path.dirname(verl.__file__)}); re-check prepare_model_outputs first"
-        )
-    for qualname, expected in _EXPECTED_SOURCES.items():
-        fn = getattr(FSDPEngineWithLMHead, qualname.split(".")[1])
-        digest = _source_hash(fn)
-        if digest != expected:
-            raise VerlActorPatchError(
-                f"verl's {qualname} ({inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}) is not "
-                f"the source atlas.verl.actor was written against (sha256 {digest[:12]}, expected "
-                f"{expected[:12]}); read it and re-check the override before updating the hash"
-            )
+    """Fail loudly unless verl, and the verl functions this module overrides, wraps or relies on,
+    are the ones it was written against."""
+    patching.check_verl(
+        __name__,
+        VERL_VERSION,
+        _EXPECTED_SOURCES,
+        {"FSDPEngineWithLMHead": FSDPEngineWithLMHead},
+        VerlActorPatchError,
+        "Re-check prepare_model_outputs in that version first.",
+    )
 
 
 def install() -> None:
     """Check verl, then make its EngineRegistry build MaskedActorEngine for the language model."""
     check_verl()
-    by_backend = EngineRegistry._engines.get("language_model", {})
-    replaced = []
-    for backend in ("fsdp", "fsdp2"):
-        entries = by_backend.get(backend, {})
-        if not entries:
-            raise VerlActorPatchError(f"verl's EngineRegistry has no language_model engine for {backend!r}")
-        for key, cls in entries.items():
-            if cls is MaskedActorEngine:
-                continue
-            if cls is not FSDPEngineWithLMHead:
-                raise VerlActorPatchError(
-                    f"verl's EngineRegistry maps (language_model, {backend}, {key}) to {cls.__qualname__}; "
-                    "expected verl's FSDPEngineWithLMHead"
-                )
-            entries[key] = MaskedActorEngine
-            replaced.append((backend, key))
-    logger.info("atlas.verl.actor: MaskedActorEngine registered for language_model %s", replaced)
+    patching.replace_engine(
+        "language_model", MaskedActorEngine, FSDPEngineWithLMHead, VerlActorPatchError, __name__
+    )
 
 
 install()

@@ -36,15 +36,12 @@ so `external_lib_overrides()` sets that variable in the Ray job's runtime env.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import inspect
 import logging
 import os
 import re
 from collections.abc import Mapping
 
 import torch
-import verl
 import verl.utils.model as verl_model_utils
 from peft import LoraConfig, PeftModel, TaskType, get_peft_model
 from torch import nn
@@ -52,8 +49,9 @@ from torch.distributed.fsdp import ShardedStateDictConfig, StateDictType
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils.fsdp_utils import get_fsdp_state_ctx
-from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine, FSDPEngineWithValueHead
+
+from atlas.verl import patching
 
 logger = logging.getLogger(__name__)
 
@@ -331,49 +329,25 @@ class CriticEngine(FSDPEngineWithValueHead):
 
 
 def check_verl() -> None:
-    """Fail loudly unless verl and the functions this module relies on are the 0.9.1 ones."""
-    if verl.__version__ != VERL_VERSION:
-        raise VerlCriticPatchError(
-            f"atlas.verl.critic was written against verl {VERL_VERSION}; verl {verl.__version__} is "
-            f"installed ({os.path.dirname(verl.__file__)}). Re-check the critic LoRA build and the "
-            "LoRA-only checkpoint filter in that version before changing VERL_VERSION."
-        )
-    for qualname, expected in _EXPECTED_SOURCES.items():
-        owner, name = qualname.rsplit(".", 1)
-        fn = inspect.getattr_static(_OWNERS[owner], name)
-        fn = getattr(fn, "__func__", fn)  # a staticmethod
-        digest = hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
-        if digest != expected:
-            where = f"{inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]}"
-            raise VerlCriticPatchError(
-                f"verl's {qualname} ({where}) is not the source atlas.verl.critic was written "
-                f"against (sha256 {digest[:12]}, expected {expected[:12]}); read it and re-check "
-                "the override before updating the hash"
-            )
+    """Fail loudly unless verl, and the verl functions this module overrides, wraps or relies on,
+    are the ones it was written against."""
+    patching.check_verl(
+        __name__,
+        VERL_VERSION,
+        _EXPECTED_SOURCES,
+        _OWNERS,
+        VerlCriticPatchError,
+        "Re-check the critic LoRA build and the LoRA-only checkpoint filter in that version before "
+        "changing VERL_VERSION.",
+    )
 
 
 def install() -> None:
     """Check verl, then make verl's engine registry build CriticEngine for the FSDP value model."""
     check_verl()
-    by_backend = EngineRegistry._engines.get("value_model", {})
-    replaced = []
-    for backend in ("fsdp", "fsdp2"):
-        entries = by_backend.get(backend, {})
-        if not entries:
-            raise VerlCriticPatchError(
-                f"verl's EngineRegistry has no value_model engine for backend {backend!r}"
-            )
-        for key, cls in entries.items():
-            if cls is CriticEngine:
-                continue
-            if cls is not FSDPEngineWithValueHead:
-                raise VerlCriticPatchError(
-                    f"verl's EngineRegistry maps (value_model, {backend}, {key}) to {cls.__qualname__}; "
-                    "expected verl's FSDPEngineWithValueHead"
-                )
-            entries[key] = CriticEngine
-            replaced.append((backend, key))
-    logger.info("atlas.verl.critic: CriticEngine registered for value_model %s", replaced)
+    patching.replace_engine(
+        "value_model", CriticEngine, FSDPEngineWithValueHead, VerlCriticPatchError, __name__
+    )
 
 
 install()
