@@ -108,13 +108,20 @@ def write_step_rollouts(root: Path, step: int, episodes, report, *, run: str) ->
 def write_step_results(
     root: Path, step: int, metrics: dict[str, float], call_rows: list[dict], samples: list[dict]
 ) -> None:
+    """Step k's results after its update. The trainer writes them before checkpoint k+1, so a
+    checkpoint never exists without the journal of every step before it."""
     folder = step_dir(root, step)
-    runs.arrow_table(
-        [metrics], runs.STEP_METRICS_SCHEMA, f"{folder / 'metrics.json'}"
-    )  # at step 1, not at the end
     atomic_write_json(folder / "samples.json", samples)
-    atomic_write_json(folder / "metrics.json", metrics)
     write_table(folder / "call_advantages.parquet", call_rows, runs.CALL_ADVANTAGES_SCHEMA)
+    write_step_metrics(root, step, metrics)
+
+
+def write_step_metrics(root: Path, step: int, metrics: dict[str, float]) -> None:
+    """Step k's metrics.json, checked against the step-metric schema first (a bad value fails at
+    the step, not at the end); written again once a checkpoint save has been timed."""
+    path = step_dir(root, step) / "metrics.json"
+    runs.arrow_table([metrics], runs.STEP_METRICS_SCHEMA, str(path))
+    atomic_write_json(path, metrics)
 
 
 def write_validation(root: Path, completed: int, episodes, report, rows: list[dict], *, run: str) -> None:

@@ -158,6 +158,13 @@ def main(argv: list[str] | None = None) -> None:
         done = step + 1
         if done in points:
             validate(done)
+        metrics["timing_s/step"] = time.perf_counter() - t_step
+        metrics.update(peak_memory())
+        if ranks.main:  # the step's journal is whole before its checkpoint exists: a resume needs it
+            calls = call_advantages(
+                data.episodes, run=name, step=step, gamma=sess.ppo.gamma, dose=sess.run_cfg.dose
+            )
+            journal.write_step_results(root, step, metrics, calls, sampler.take())
         if done in checkpoint_points(steps, training.checkpoint_every):
             t = time.perf_counter()
             rngs = ranks.all_gather(rng_state())  # each rank's generators; rank 0 writes
@@ -166,17 +173,11 @@ def main(argv: list[str] | None = None) -> None:
                 save_compact(root, done, sess.ac, sess.optimizers, sess.schedulers, extra, rngs)
             ranks.barrier()
             metrics["timing_s/save_checkpoint"] = time.perf_counter() - t
-        metrics["timing_s/step"] = time.perf_counter() - t_step
-        metrics.update(peak_memory())
+            metrics["timing_s/step"] = time.perf_counter() - t_step
+            if ranks.main:  # killed before this line, the step keeps its metrics without the save's
+                journal.write_step_metrics(root, step, metrics)
         if not ranks.main:
             continue
-        journal.write_step_results(
-            root,
-            step,
-            metrics,
-            call_advantages(data.episodes, run=name, step=step, gamma=sess.ppo.gamma, dose=sess.run_cfg.dose),
-            sampler.take(),
-        )
         if wandb_run is not None:
             wandb_run.log(metrics, step=done)
         bar.update(1)
