@@ -27,25 +27,14 @@ import torch
 from transformers import AutoTokenizer
 
 from atlas.config import RuntimeConfig, TrainingConfig
-from atlas.model.policy import ActorCritic
 from atlas.model.shapes import shape_model, synthetic_tokenizer
-from atlas.rl.step import rollout_model
-from atlas.runtime.engine import GenerationRequest
+from atlas.rl.step import policy_on, rollout_model
 from atlas.runtime.session import make_runtime
-from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
+from atlas.runtime.synthetic import tool_requests
+from atlas.runtime.tools import CodeBounds
 
 CFG = RuntimeConfig(max_text_tokens=48, max_code_run=64, max_code_escapes=8, max_generation_tokens=1024)
-
-
-def requests(rt, questions: int, samples: int, new: int) -> list[GenerationRequest]:
-    code = CodeBounds(CFG.max_code_run, CFG.max_code_escapes)
-    out = []
-    for i in range(questions * samples):
-        tools = gpqa_tools(code) if (i // samples) % 2 == 0 else lcb_tools(code)
-        ask = f"Question {i // samples}: which option holds? Think, then call a tool."
-        prompt = rt.chat_ids([{"role": "user", "content": ask}], [t.spec() for t in tools.values()])
-        out.append(GenerationRequest(prompt, rt.grammars.get(tools), new, seed=i))
-    return out
+BOUNDS = CodeBounds.of(CFG)
 
 
 def timed_generate(rt, reqs, repeats: int) -> dict:
@@ -94,21 +83,21 @@ def main() -> None:
         responses_per_question=args.samples, lora_rank=args.lora, lora_alpha=2 * args.lora
     )
     ac = merged = None
-    results = dict(
-        command=" ".join(["scripts/bench_rollout.py", *sys.argv[1:]]), device=torch.cuda.get_device_name()
-    )
-    results |= dict(torch=torch.__version__, shape=args.shape, vocab=len(tokenizer), new_tokens=args.new)
-    results |= dict(batch=args.questions * args.samples, lora_rank=args.lora, arms={})
+    results = dict(command=" ".join(["scripts/bench_rollout.py", *sys.argv[1:]]), torch=torch.__version__)
+    results |= dict(device=torch.cuda.get_device_name(), shape=args.shape, vocab=len(tokenizer), arms={})
+    results |= dict(new_tokens=args.new, batch=args.questions * args.samples, lora_rank=args.lora)
     for arm in args.arms.split(","):
         if arm != "base" and ac is None:
-            ac = ActorCritic(base, training, seed=0).to("cuda")
+            ac = policy_on(base, training, seed=0, device="cuda")  # the trainer's policy
             with torch.no_grad():  # a trained-looking actor: B off zero, so the merge matters
                 for t in (t for name, t in ac.trainable("actor").items() if "lora_B" in name):
                     t.normal_(0, 1e-3)
             merged = rollout_model(ac, training, "cuda")  # what the trainer serves (merged_rollouts: auto)
         model = {"base": base, "adapters": ac and ac.peft, "merged": merged and merged.model}[arm]
         rt = make_runtime(model, tokenizer, CFG)
-        reqs = requests(rt, args.questions, args.samples, args.new)
+        reqs = tool_requests(
+            rt, questions=args.questions, samples=args.samples, max_new=args.new, bounds=BOUNDS
+        )
         row, gens = timed_generate(rt, reqs, args.repeats)
         row["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         if arm == "merged":
@@ -118,9 +107,7 @@ def main() -> None:
             row["refresh_s"] = time.perf_counter() - t
             row["logprob_gap_vs_adapters"] = logprob_gap(ac, merged, reqs, gens)
         results["arms"][arm] = row
-        extra = " ".join(
-            f"{k}={v:.4g}" for k, v in row.items() if k in ("refresh_s", "logprob_gap_vs_adapters")
-        )
+        extra = " ".join(f"{k}={row[k]:.4g}" for k in ("refresh_s", "logprob_gap_vs_adapters") if k in row)
         print(
             f"{arm:10s} {row['tokens_per_s']:10.0f} tok/s  {row['seconds']:.2f} s  {row['tokens']} tokens {extra}"
         )

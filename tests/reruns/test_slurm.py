@@ -1,9 +1,10 @@
 """The pipeline through a real single-node SLURM cluster (scripts/slurm_local.sh, Debian's
 slurm-wlm + munge) with `snakemake --profile profiles/slurm-local`.
 
-A slice of the embedded default (data, model, smoke, training smoke) runs as sbatch jobs: each job
-is checked in squeue and by its SLURM log, the outputs are compared with a local run of the same
-slice, a rerun plans nothing, and a job that fails under SLURM fails the workflow with its log.
+A copy of the pipeline run (tests/conftest.py) without its smoke and training smoke runs those two
+jobs again as sbatch jobs: each job is checked in squeue and by its SLURM log, the outputs are
+compared with the pipeline run's own (the local run of the same jobs on the same inputs), a rerun
+plans nothing, and a job that fails under SLURM fails the workflow with its log.
 
 Needs root and the packages (`apt-get install -y slurm-wlm munge`, `pip install -e '.[slurm]'`).
 Under CI (CI=true) a missing package fails the test; elsewhere it skips.
@@ -25,11 +26,12 @@ import pytest
 import yaml
 
 from atlas.hashing import is_bookkeeping
-from conftest import REPO, copy_workflow
+from conftest import REPO, copy_pipeline, copy_workflow
 
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
 SLICE = ["results/runs/smoke", "results/runs/training_smoke"]
-SLICE_RULES = {"prepare_data", "build_tiny_model", "smoke", "train"}
+SLICE_OUTPUTS = [*SLICE, "results/checkpoints/training_smoke"]  # what the two jobs write
+SLICE_RULES = {"smoke", "train"}
 # Columns and keys that hold measured times or machine readings: the only values of a run that
 # differ between two runs of the same inputs (DESIGN: timing_s/*, perf/*).
 # Files that are measurements through and through: sampled CPU / memory / GPU readings.
@@ -166,33 +168,24 @@ def comparable(path: Path, same_bytes: set[str], root: Path):
     return path.read_bytes()
 
 
-def tree(root: Path) -> dict[str, Path]:
-    """The outputs under results/, without logs, wandb's offline run folders (named by start
-    time, holding system readings), hash caches (keyed by inode and mtime) and run locks (holding
-    the writer's pid): the same paths in two runs of the same inputs."""
+def tree(workdir: Path, folder: str) -> dict[str, Path]:
+    """The files under workdir/folder, by their path in the workdir, without wandb's offline run
+    folders (named by start time, holding system readings) and hash caches (keyed by inode and
+    mtime): the same paths in two runs of the same inputs."""
     return {
-        str(p.relative_to(root)): p
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-        and not str(p.relative_to(root)).startswith("logs/")
-        and "/wandb/" not in str(p)
-        and not is_bookkeeping(p.name)
-        and not (p.parent.name == "checkpoints" and p.suffix == ".lock")
+        str(p.relative_to(workdir)): p
+        for p in sorted((workdir / folder).rglob("*"))
+        if p.is_file() and "/wandb/" not in str(p) and not is_bookkeeping(p.name)
     }
 
 
-def test_slice_through_slurm_matches_a_local_run(cluster, tmp_path):
+def test_slice_through_slurm_matches_a_local_run(cluster, failing_workflow, pipeline, tmp_path):
     env, state = cluster
-    local = copy_workflow(mkdir(tmp_path / "local"))
-    slurm = copy_workflow(mkdir(tmp_path / "slurm"))
+    slurm = copy_pipeline(pipeline, mkdir(tmp_path / "slurm"), drop=tuple(SLICE_OUTPUTS))
 
     t0 = time.monotonic()
-    snakemake(local, "--cores", "2", *SLICE)
-    local_s = time.monotonic() - t0
-    t0 = time.monotonic()
     proc = snakemake(slurm, "--profile", "profiles/slurm-local", *SLICE, env=env)
-    slurm_s = time.monotonic() - t0
-    print(f"\nslice {SLICE}: local {local_s:.1f} s, through SLURM {slurm_s:.1f} s")
+    print(f"\nslice {SLICE} through SLURM: {time.monotonic() - t0:.1f} s")
 
     # every job ran as a SLURM job: one log each under the run, its id known to the cluster
     jobs = slurm_jobs(slurm)
@@ -206,16 +199,19 @@ def test_slice_through_slurm_matches_a_local_run(cluster, tmp_path):
     submitted = set(re.findall(r"submitted with SLURM jobid (\d+)", proc.stdout + proc.stderr))
     assert submitted == set(ids)
 
-    # the same outputs as the local run: byte for byte, measured times left out
-    local_files, slurm_files = tree(local / "results"), tree(slurm / "results")
-    assert sorted(slurm_files) == sorted(local_files)
+    # the same outputs as the pipeline's local run: byte for byte, measured times left out
+    local_files, slurm_files = {}, {}
+    for out in SLICE_OUTPUTS:
+        local_files |= tree(pipeline, out)
+        slurm_files |= tree(slurm, out)
+    assert sorted(slurm_files) == sorted(local_files) and local_files
     same_bytes = {r for r in local_files if local_files[r].read_bytes() == slurm_files[r].read_bytes()}
     differ = []
     for rel in local_files:
         if rel in same_bytes:
             continue
-        a = comparable(local_files[rel], same_bytes, local / "results")
-        b = comparable(slurm_files[rel], same_bytes, slurm / "results")
+        a = comparable(local_files[rel], same_bytes, pipeline)
+        b = comparable(slurm_files[rel], same_bytes, slurm)
         if not (a.equals(b) if isinstance(a, pl.DataFrame) else a == b):
             differ.append(rel)
     measured = sorted(set(local_files) - same_bytes - set(differ))
@@ -229,27 +225,34 @@ def test_slice_through_slurm_matches_a_local_run(cluster, tmp_path):
     assert "Nothing to be done" in rerun.stdout + rerun.stderr
 
 
-def test_a_job_failing_under_slurm_fails_the_workflow_with_its_log(cluster, tmp_path):
+@pytest.fixture(scope="module")
+def failing_workflow(cluster, tmp_path_factory):
+    """A workflow whose first job fails under SLURM, started at once: it runs on the cluster beside
+    the slice, and its test reads how it ended."""
     env, _ = cluster
-    wf = copy_workflow(mkdir(tmp_path / "wf"))
+    wf = copy_workflow(mkdir(tmp_path_factory.mktemp("failing") / "wf"))
     # A bad config value that only the job can see: data.lcb.val names a file of no LCB rows.
     (wf / "bad_lcb_val.jsonl").write_text('{"not": "an LCB row"}\n')
     (wf / "bad.yaml").write_text("data:\n  lcb:\n    val: bad_lcb_val.jsonl\n")
-    t0 = time.monotonic()
-    proc = snakemake(
-        wf,
-        "--profile",
-        "profiles/slurm-local",
-        "results/data/train.parquet",
-        "--configfile",
-        "bad.yaml",
-        check=False,
-        timeout=300,
+    args = ["--profile", "profiles/slurm-local", "results/data/train.parquet", "--configfile", "bad.yaml"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=wf,
         env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    out = proc.stdout + proc.stderr
+    yield proc, time.monotonic()
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_job_failing_under_slurm_fails_the_workflow_with_its_log(failing_workflow):
+    proc, t0 = failing_workflow
+    out = proc.communicate(timeout=max(1.0, 300 - (time.monotonic() - t0)))[0]
     assert proc.returncode != 0, out
-    assert time.monotonic() - t0 < 300
     assert re.search(r"SLURM-job '\d+' failed", out), out
     # the job's own log is shown: the reader's error, naming the file and line (only the log has it)
     assert "Logfile results/logs/prepare_data.log:" in out, out

@@ -1,12 +1,15 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from atlas.config import config_slice, load_config
 from atlas.hashing import tree_files, verify
-from conftest import _build_model
+from atlas.stages import build_tiny_model
+from conftest import REPO
 
 
 @pytest.fixture(scope="module")
@@ -14,8 +17,18 @@ def model_dir(tiny_model):
     return tiny_model
 
 
-def test_two_builds_give_identical_bytes(model_dir, tmp_path):
-    other = _build_model(tmp_path / "tiny")
+def build_in_process(out: Path, **tiny_overrides) -> Path:
+    """The build stage's main() in this process, from the repository as the workflow runs it (the
+    session's model came from a subprocess: the bytes must not depend on which)."""
+    s = config_slice(load_config(REPO / "config" / "config.yaml"), "model")
+    s["model"]["tiny"].update(tiny_overrides)
+    build_tiny_model.main(["--config-slice", json.dumps(s), "--out", str(out)])
+    return out
+
+
+def test_two_builds_give_identical_bytes(model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    other = build_in_process(tmp_path / "tiny")
     names = tree_files(model_dir)
     assert names == tree_files(other)
     assert {"config.json", "model.safetensors", "tokenizer.json", "MANIFEST.json", "build_info.json"} <= set(
@@ -24,7 +37,7 @@ def test_two_builds_give_identical_bytes(model_dir, tmp_path):
     for name in names:
         assert (model_dir / name).read_bytes() == (other / name).read_bytes(), name
     # A different seed gives different weights (the test can fail).
-    third = _build_model(tmp_path / "seed1", seed=1)
+    third = build_in_process(tmp_path / "seed1", seed=1)
     assert (third / "model.safetensors").read_bytes() != (model_dir / "model.safetensors").read_bytes()
 
 
