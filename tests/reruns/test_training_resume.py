@@ -12,6 +12,7 @@ import sys
 import polars as pl
 
 from atlas.config import config_slice, load_config
+from atlas.rl.tracking import read_history
 from conftest import copy_pipeline, run_snakemake
 
 
@@ -68,6 +69,17 @@ def test_killed_training_job_resumes_to_identical_checkpoints(pipeline, tmp_path
         a = measured(pl.read_parquet(wf / "results/runs" / run / table))
         b = measured(pl.read_parquet(pipeline / "results/runs" / run / table))
         assert a.equals(b), table
+    # one wandb log in the run folder, every step in it once: the killed attempt's log moved aside,
+    # and the resumed job replayed the journal into a new one
+    (wandb_file,) = (wf / "results/runs" / run / "wandb").rglob("*.wandb")
+    history = {row["_step"]: row for row in read_history(wandb_file)}
+    assert (
+        sorted(history) == [0, 1, 2] and "val/all/utility" in history[0] and "val/all/utility" in history[2]
+    )
+    metrics = pl.read_parquet(wf / "results/runs" / run / "step_metrics.parquet")
+    for row in metrics.iter_rows(named=True):
+        assert history[row["step"] + 1]["actor/pg_loss"] == row["actor/pg_loss"]
+    assert (ckpts / "wandb.earlier-1").is_dir() and not (ckpts / "wandb.earlier-2").exists()
     # the save the kill interrupted was never timed; the resumed step's save was
     saves = pl.read_parquet(wf / "results/runs" / run / "step_metrics.parquet")["timing_s/save_checkpoint"]
     assert saves[0] is None and saves[1] > 0

@@ -109,12 +109,17 @@ def plan_resume(
 ) -> ResumePlan:
     """Re-grade the journal of steps < `latest` and the validation points <= `latest`, and pick
     the checkpoint to resume from: the last one (of `checkpoints`, which exist) before the
-    first changed step, lowered below any changed validation point that has no checkpoint."""
+    first changed step, lowered below any changed (or missing) validation point that has no
+    checkpoint."""
     steps = [regrade(step_dir(root, s)) for s in range(latest)]
     first = next((s for s, f in enumerate(steps) if f.score_changes), None)
     start = latest if first is None else max((c for c in checkpoints if c <= first), default=0)
-    vals = {j: regrade(val_dir(root, j)) for j in validated if j <= latest and val_dir(root, j).is_dir()}
-    changed_vals = sorted(j for j, f in vals.items() if f.score_changes)
+    # A point whose journal is not whole (validation.json is written last) counts as changed: a job
+    # killed after supersede moved it, or while validating it, validates it again.
+    whole = [j for j in validated if j <= latest and (val_dir(root, j) / "validation.json").is_file()]
+    vals = {j: regrade(val_dir(root, j)) for j in whole}
+    missing = [j for j in validated if j <= latest and j not in whole]
+    changed_vals = sorted({*(j for j, f in vals.items() if f.score_changes), *missing})
     while True:  # a changed point is validated again from its checkpoint; without one, resume below it
         orphan = [j for j in changed_vals if 0 < j <= start and j not in checkpoints]
         if not orphan:
@@ -131,8 +136,12 @@ def supersede(root: Path, plan: ResumePlan, checkpoints: list[int], validated: l
     # journal is all still in place.
     moving = [root / f"step_{c}" for c in sorted(checkpoints, reverse=True) if c > plan.start]
     moving += [step_dir(root, s) for s in range(plan.start, plan.latest)]
+    # A point past the latest checkpoint (a job killed between validating and saving) is not moved:
+    # the resumed job validates it again, over the same files.
     moving += [
-        val_dir(root, j) for j in validated if j > plan.start or j in plan.revalidate or plan.start == 0
+        val_dir(root, j)
+        for j in validated
+        if plan.start < j <= plan.latest or j in plan.revalidate or plan.start == 0
     ]
     if not any(p.exists() for p in moving):
         return None

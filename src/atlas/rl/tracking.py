@@ -1,8 +1,10 @@
 """The training log through the real wandb library: offline by default, under the run's folder.
 
 wandb writes while the job runs (into results/checkpoints/<run>/wandb/, beside the checkpoints, so
-a crash loses nothing); the finished run folder gets a copy of its regular files. Each resume of
-an interrupted job opens the same run id, so `wandb sync` uploads one run.
+a crash loses nothing); the finished run folder gets a copy of its regular files. A job that
+resumes moves the interrupted attempt's log to wandb.earlier-<n>/ (`retire`), opens the same run
+id in a new log and replays its journal into it (atlas.rl.step.replay_journal): the run folder's
+log holds every step once, and `wandb sync` uploads one run.
 
 `read_history` reads the logged rows back from an offline `.wandb` file: the file is a LevelDB-
 style log (a 7-byte header, 32 KiB blocks of CRC-framed chunks) of wandb's protobuf Records.
@@ -40,6 +42,19 @@ def start(folder: Path, *, mode: str, project: str, run_id: str, name: str, conf
         config=config,
         settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
     )
+
+
+def retire(folder: Path) -> Path | None:
+    """Move an earlier attempt's log, `folder`/wandb, to `folder`/wandb.earlier-<n> (never
+    deleted); returns where it went, or None when there was none."""
+    src = folder / "wandb"
+    if not src.exists():
+        return None
+    n = 1
+    while (dest := folder / f"wandb.earlier-{n}").exists():
+        n += 1
+    src.rename(dest)
+    return dest
 
 
 def copy_logs(folder: Path, out: Path) -> None:

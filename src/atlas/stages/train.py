@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         if start > 0:
             load(start)
             log(name, "resuming", checkpoint=root / f"step_{start}", steps_done=start, of=steps)
+    if ranks.main and (earlier := tracking.retire(root)) is not None:
+        log(name, "an earlier attempt's wandb log moved aside; the journal is replayed", to=earlier)
     wandb_run = (
         None
         if not ranks.main
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
             config=s,
         )
     )
-    if aside is not None and wandb_run is not None:
+    if start > 0 and wandb_run is not None:  # a new log: the steps before `start` from the journal
         replay_journal(wandb_run, root, start, points)
     if start == 0:
         validate(0)
