@@ -30,11 +30,25 @@ WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "envs", "src", "re
 FOLDERS = ("unit", "workflow", "reruns", "gpu")
 
 
+# The modules that read the run and take longest, longest first: a worker that comes free late
+# then gets a short one, so the two end close together.
+LONGEST_FIRST = (
+    "test_resume_recovery.py",
+    "test_slurm.py",
+    "test_regrade.py",
+    "test_pipeline.py",
+    "test_snakemake_report.py",
+    "test_training_resume.py",
+    "test_integrity_rerun.py",
+)
+
+
 def pytest_collection_modifyitems(items) -> None:
     """Mark each test with its folder (the markers in pyproject.toml), and order the modules so
     that two processes (pytest-xdist, a module to a worker) overlap the pipeline run with the
     tests that do not wait for it: first one module that reads the run (its worker starts the
-    run), then every module that needs no run, then the rest. The order within a module is kept."""
+    run), then every module that needs no run, then the rest, the longest (LONGEST_FIRST) first.
+    The order within a module is kept."""
     for item in items:
         folder = item.path.parent.name
         if folder in FOLDERS:
@@ -42,7 +56,15 @@ def pytest_collection_modifyitems(items) -> None:
     reads_run = {item.path for item in items if "pipeline" in item.fixturenames}
     first = next((item.path for item in items if item.path in reads_run), None)
     rank = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
-    items.sort(key=lambda item: (item.path != first, item.path in reads_run, rank[item.path]))
+    heavy = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(
+        key=lambda item: (
+            item.path != first,
+            item.path in reads_run,
+            heavy.get(item.path.name, len(heavy)),
+            rank[item.path],
+        )
+    )
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
