@@ -3,9 +3,13 @@ grader fix, and which validation points it grades again."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
+import pytest
+
+from atlas.rl import regrade
 from atlas.rl.journal import val_dir
 from atlas.rl.regrade import FolderRegrade, plan_resume, supersede
 
@@ -76,3 +80,18 @@ def test_supersede_leaves_a_point_past_the_latest_checkpoint_in_place(tmp_path):
     assert sorted(p.name for p in aside.iterdir()) == ["journal", "regrade.json", "step_2", "step_3"]
     assert sorted(p.name for p in (aside / "journal").iterdir()) == ["val_2"]
     assert val_dir(tmp_path, 4).is_dir() and val_dir(tmp_path, 0).is_dir()
+
+
+def test_supersede_says_why_before_it_moves_anything(tmp_path, monkeypatch):
+    for k in (1, 2, 3):
+        (tmp_path / f"step_{k}").mkdir()
+    plan = planned(tmp_path, {"step_1"}, latest=3, checkpoints=(1, 2, 3), validated=(0, 2))
+
+    def killed(src, dst):  # the job dies at its first move
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(regrade.shutil, "move", killed)
+    with pytest.raises(KeyboardInterrupt):
+        supersede(tmp_path, plan, [1, 2, 3], [0, 2])
+    aside = tmp_path.with_name(f"{tmp_path.name}.superseded-1")
+    assert json.loads((aside / "regrade.json").read_text())["resumed_from"] == 1

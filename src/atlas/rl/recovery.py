@@ -46,11 +46,11 @@ def _move_aside(root: Path, bad: dict[str, list[str]], run: str, sub: str = "") 
     with why.json, and append the event to root/recovery.json."""
     aside = corrupt_dir(root)
     (aside / sub).mkdir(parents=True)
+    event = {"moved": sorted(bad), "to": aside.as_posix(), "why": bad}
+    atomic_write_json(aside / WHY, event)  # first: a job killed while moving leaves the why
     for name, problems in bad.items():
         os.rename(root / sub / name, aside / sub / name)
         log(run, f"checkpoint {name} is corrupt; moved aside", to=aside / sub / name, why=problems[0])
-    event = {"moved": sorted(bad), "to": aside.as_posix(), "why": bad}
-    atomic_write_json(aside / WHY, event)
     atomic_write_json(root / RECOVERY, [*recovery_events(root), event])
     return event
 

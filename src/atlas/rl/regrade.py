@@ -150,11 +150,12 @@ def supersede(root: Path, plan: ResumePlan, checkpoints: list[int], validated: l
     n = 1
     while (aside := root.with_name(f"{root.name}.superseded-{n}")).exists():
         n += 1
+    aside.mkdir(parents=True)
+    atomic_write_json(aside / REGRADE, summary(plan))  # first: a job killed while moving leaves the why
     for p in moving:
         target = aside / p.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(p, target)
-    atomic_write_json(aside / REGRADE, summary(plan))
     return aside
 
 
