@@ -105,6 +105,13 @@ def _safetensors_problem(path: Path) -> str | None:
     return None
 
 
+def verl_latest(folder: str | Path) -> int:
+    """The steps done of the checkpoint verl resumes from: its tracker file's number, 0 without one."""
+    tracker = Path(folder) / VERL_TRACKER
+    text = tracker.read_text().strip() if tracker.is_file() else ""
+    return int(text) if text.isdigit() else 0
+
+
 def check_verl_checkpoints(root: str | Path, folder: str | Path, run: str) -> dict[str, Any] | None:
     """verl's global_step_<g>/ under `folder` (the run's verl/checkpoints): a sealed one (with
     MANIFEST.json) is verified, an unsealed one is checked whole (every safetensors file ends
@@ -115,9 +122,7 @@ def check_verl_checkpoints(root: str | Path, folder: str | Path, run: str) -> di
     if not folder.is_dir():
         return None
     tracker = folder / VERL_TRACKER
-    latest = (
-        int(tracker.read_text().strip()) if tracker.is_file() and tracker.read_text().strip().isdigit() else 0
-    )
+    latest = verl_latest(folder)
     bad: dict[str, list[str]] = {}
     good: list[int] = []
     steps = sorted(

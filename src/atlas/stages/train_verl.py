@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
     if cfg.training.resume_mode == "auto":  # verl resumes from its tracker: only good steps stay
         recovery.check_verl_checkpoints(root, root / "verl" / "checkpoints", name)
+        done = recovery.verl_latest(root / "verl" / "checkpoints")
+        if (aside := convert.retire_episodes(root / "episodes", done)) is not None:
+            log(name, "episodes verl writes again moved aside", resumes_after=done, to=aside)
     overrides, metrics, episodes, expected = prepare(args, cfg, name, steps, root)
     command = launch_command(overrides)
     if args.dry_run:

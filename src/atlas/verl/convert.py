@@ -94,6 +94,35 @@ def failures(folder: Path) -> list[str]:
     return out
 
 
+def retire_episodes(episodes: Path, done: int) -> Path | None:
+    """Before a launch that resumes from verl's checkpoint of `done` steps (0: none), move the
+    episode folders verl writes again to `episodes`.earlier-<n>/ (never deleted): training steps
+    after `done`, and validation points from `done` on (verl validates again on resuming,
+    trainer.val_before_train). A killed attempt's file for a sample that fails on the rerun
+    would otherwise be counted as that sample's episode. Returns where they went, or None."""
+
+    def step(folder: Path) -> int:
+        number = folder.name.removeprefix("global_step_")
+        return int(number) if number.isdigit() else -1
+
+    stale = [
+        folder
+        for phase, first in (("train", done + 1), ("val", done))
+        for folder in sorted((episodes / phase).glob("global_step_*"))
+        if step(folder) >= first
+    ]
+    if not stale:
+        return None
+    n = 1
+    while (aside := episodes.with_name(f"{episodes.name}.earlier-{n}")).exists():
+        n += 1
+    for folder in stale:
+        target = aside / folder.relative_to(episodes)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        folder.rename(target)
+    return aside
+
+
 def read_episodes(folder: Path, expected: int) -> list[StoredEpisode]:
     """The episodes of one step or validation point, in (question, sample) order; exactly
     `expected` (questions x samples) of them. verl trains on the rest of a batch when a sample's
