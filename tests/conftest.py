@@ -69,10 +69,15 @@ def pytest_collection_modifyitems(items) -> None:
 
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject's addopts): two workers for a run of folders (the suite's default: a
-    2-core machine, so the pipeline run shares its cores with the tests that need none), one
-    process for a run of named files or tests. `-n 0` keeps any run in one process."""
+    2-core machine, so the pipeline run shares its cores with the tests that need none) or of
+    several named files (the verl environment's tests), one process for a run of one named file
+    or of named tests. `-n 0` keeps any run in one process."""
+    cores = min(2, len(os.sched_getaffinity(0)))
     named = [a for a in config.args if ".py" in a]
-    return 0 if named and len(named) == len(config.args) else min(2, len(os.sched_getaffinity(0)))
+    if not named or len(named) < len(config.args):
+        return cores
+    files = {a.split("::")[0] for a in named}
+    return cores if len(files) > 1 and not any("::" in a for a in named) else 0
 
 
 def pytest_configure(config) -> None:
