@@ -1,35 +1,28 @@
 #!/usr/bin/env bash
-# atlas on an H200 machine with no package registry: the one place that knows how that machine is
-# reached. Two halves:
+# atlas on a GPU node with no package registry (an offline cluster node): the code and the wheels
+# it lacks are packed here and copied there in folders of at most 60 MiB. Two halves:
 #
 #   bash scripts/gpu_session.sh pack DIR     here: DIR gets the code (src, scripts, tests,
 #                                            config, fixtures), the wheels the image lacks
 #                                            (xgrammar, pydantic, liger-kernel) and the synthetic
-#                                            151,936-token tokenizer, under the 64 MiB one call
-#                                            carries
+#                                            151,936-token tokenizer
 #   cd DIR && bash scripts/gpu_session.sh bench   there: install the wheels, then the GPU tests,
 #                                            the 8B update benchmark and the 1.7B rollout
 #                                            benchmark; everything printed and written lands in $OUT
 #   bash scripts/gpu_session.sh pack-pipeline DIR   here: DIR gets the pipeline (Snakefile, rules,
 #                                            profiles, config, src, fixtures) and the wheelhouse of
 #                                            scripts/wheels/h200-pipeline.txt, split into
-#                                            DIR/whl/part-N folders of at most 60 MiB (one call each)
-#   cd DIR && bash scripts/gpu_session.sh stage   there: keep this call's wheel parts in
-#                                            /tmp/atlas-pipeline/wheels for the next call
+#                                            DIR/whl/part-N folders of at most 60 MiB
+#   cd DIR && bash scripts/gpu_session.sh stage   there: keep the wheel parts copied so far in
+#                                            /tmp/atlas-pipeline/wheels, when the parts arrive one
+#                                            at a time
 #   cd DIR && bash scripts/gpu_session.sh pipeline   there: install the wheelhouse offline, run
 #                                            snakemake --cores all on config/h200.yaml (plus any
 #                                            ATLAS_CONFIGS) to results/report25/, and put the
 #                                            report folder, the job logs and snakemake's log in $OUT
 #
-# The device tool sends /work/main's tree: DIR is /work/main/.dev/gpu (git-ignored there), named
-# in the call's carry, and the call's command is
-#   cd .dev/gpu && OUT=$OUT bash scripts/gpu_session.sh bench 2>&1 | tee $OUT/log
-# The figures in docs/performance.md came from that call. The pipeline's wheels pass one call's
-# 64 MiB, so it takes one call per part, back to back while the machine is held: DIR is
-# /work/main/.dev/h200pipe, and
-#   carry whl/part-1 + scripts:          cd .dev/h200pipe && bash scripts/gpu_session.sh stage
-#   carry whl/part-2 + code + scripts:   cd .dev/h200pipe && OUT=$OUT bash scripts/gpu_session.sh pipeline 2>&1 | tee $OUT/log
-# resources/runs/h200/ holds what that wrote.
+# OUT defaults to /tmp/out. docs/gpu.md has the figures these commands printed on an H200;
+# resources/runs/h200/ holds what `pipeline` wrote there.
 set -uo pipefail
 what=${1:-bench}
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -47,7 +47,12 @@ def test_killed_training_job_resumes_to_identical_checkpoints(pipeline, tmp_path
         args += [f"--{split}", f"results/data/{split}.parquet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     died = subprocess.run(
-        [sys.executable, "-c", DIE_AFTER_FIRST_SAVE, *args], cwd=wf, env=env, capture_output=True, text=True
+        [sys.executable, "-c", DIE_AFTER_FIRST_SAVE, *args],
+        cwd=wf,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]
     ckpts = wf / "results/checkpoints" / run

@@ -69,7 +69,6 @@ def test_supersede_leaves_a_point_past_the_latest_checkpoint_in_place(tmp_path):
     # killed between validating at step 4 and saving checkpoint 4: nothing to supersede
     for k in (1, 2, 3):
         (tmp_path / f"step_{k}").mkdir()
-    planned(tmp_path, set(), latest=3, checkpoints=(1, 2, 3), validated=(0, 2, 4))
     plan = planned(tmp_path, set(), latest=3, checkpoints=(1, 2, 3), validated=(0, 2, 4))
     assert plan.unchanged
     assert supersede(tmp_path, plan, [1, 2, 3], [0, 2, 4]) is None

@@ -54,6 +54,8 @@ def test_a_resume_moves_aside_what_verl_writes_again(tmp_path):
 def test_the_resume_point_is_verls_tracker(tmp_path):
     assert verl_latest(tmp_path) == 0
     (tmp_path / VERL_TRACKER).write_text("3\n")
+    assert verl_latest(tmp_path) == 0  # no global_step_3/: verl starts over
+    (tmp_path / "global_step_3").mkdir()
     assert verl_latest(tmp_path) == 3
     (tmp_path / VERL_TRACKER).write_text("")
     assert verl_latest(tmp_path) == 0
@@ -81,10 +83,12 @@ def test_a_resumed_launch_moves_them_aside_before_verl_starts(tiny_model, data_d
     (root / "verl/checkpoints" / VERL_TRACKER).write_text("1")
     for g in (1, 2):
         episode(root / "episodes/train" / f"global_step_{g}", "q_0__0")
-    episode(root / "episodes/val/global_step_0", "q_1__0")
+    for g in (0, 1):
+        episode(root / "episodes/val" / f"global_step_{g}", "q_1__0")
     train_verl.main(argv)  # the launch that resumes after step 1
     assert sorted(p.relative_to(root).as_posix() for p in root.glob("episodes*/*/global_step_*")) == [
         "episodes.earlier-1/train/global_step_2",
+        "episodes.earlier-1/val/global_step_1",  # verl validates again on resuming
         "episodes/train/global_step_1",
         "episodes/val/global_step_0",
     ]

@@ -10,6 +10,7 @@
         journal/val_<k>/                validation after k steps: records, trajectories,
                                         protocol.json, validation.json
         wandb/                          the live wandb log
+        wandb.earlier-<n>/              the log of an attempt that was killed (atlas.rl.tracking)
 
     results/runs/<run>/                 the declared output, written at the end, all at once:
         records.parquet, trajectories.parquet   train and validation phases together

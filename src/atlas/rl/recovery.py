@@ -106,10 +106,11 @@ def _safetensors_problem(path: Path) -> str | None:
 
 
 def verl_latest(folder: str | Path) -> int:
-    """The steps done of the checkpoint verl resumes from: its tracker file's number, 0 without one."""
+    """The steps done of the checkpoint verl resumes from: its tracker file's number when that
+    step's folder is there, else 0 (verl then starts over)."""
     tracker = Path(folder) / VERL_TRACKER
     text = tracker.read_text().strip() if tracker.is_file() else ""
-    return int(text) if text.isdigit() else 0
+    return int(text) if text.isdigit() and (Path(folder) / f"global_step_{text}").is_dir() else 0
 
 
 def check_verl_checkpoints(root: str | Path, folder: str | Path, run: str) -> dict[str, Any] | None:
@@ -122,7 +123,8 @@ def check_verl_checkpoints(root: str | Path, folder: str | Path, run: str) -> di
     if not folder.is_dir():
         return None
     tracker = folder / VERL_TRACKER
-    latest = verl_latest(folder)
+    text = tracker.read_text().strip() if tracker.is_file() else ""
+    latest = int(text) if text.isdigit() else 0
     bad: dict[str, list[str]] = {}
     good: list[int] = []
     steps = sorted(

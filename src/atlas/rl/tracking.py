@@ -3,8 +3,9 @@
 wandb writes while the job runs (into results/checkpoints/<run>/wandb/, beside the checkpoints, so
 a crash loses nothing); the finished run folder gets a copy of its regular files. A job that
 resumes moves the interrupted attempt's log to wandb.earlier-<n>/ (`retire`), opens the same run
-id in a new log and replays its journal into it (atlas.rl.step.replay_journal): the run folder's
-log holds every step once, and `wandb sync` uploads one run.
+id in a new log and replays its journal into it (atlas.rl.step.replay_journal): offline, the run
+folder's log holds every step once, and `wandb sync` uploads one run. Online, the server keeps
+the rows up to the killed attempt's last step and drops replayed rows at or below it.
 
 `read_history` reads the logged rows back from an offline `.wandb` file: the file is a LevelDB-
 style log (a 7-byte header, 32 KiB blocks of CRC-framed chunks) of wandb's protobuf Records.

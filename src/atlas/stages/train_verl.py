@@ -36,7 +36,12 @@ MODULE = "atlas.stages.train_verl"
 
 def main(argv: list[str] | None = None) -> None:
     p = training_parser(__doc__.splitlines()[0])
-    p.add_argument("--dry-run", action="store_true", help="prepare and check, print the command, stop")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="prepare and check (the checkpoint folder too: bad checkpoints and the episodes a "
+        "resume writes again are moved aside), print the command, stop",
+    )
     args = p.parse_args(argv)
     s = args.config_slice
     cfg = slice_config(s)
