@@ -1,7 +1,6 @@
 """Grading throughput: atlas's grade_many against lcb_runner's check_correctness, side by side.
 
     python scripts/bench_graders.py /path/to/LiveCodeBench [--programs 40] [--rounds 3] [--workers 2]
-    python scripts/bench_graders.py --profile 15
 
 Grades the same correct programs (the fixtures' reference solutions, each on all of its tests)
 through `atlas.graders.lcb.grade_many` and through LiveCodeBench's
@@ -9,10 +8,7 @@ through `atlas.graders.lcb.grade_many` and through LiveCodeBench's
 lcb_runner's own evaluation loop makes them), alternating rounds in one run. Prints programs/s of
 each, their ratio, and whether every verdict agrees. lcb_runner is not a dependency: pass the path
 of a checkout of its public repository (it needs numpy and tqdm beside it).
-
-`--profile N` instead grades one program (abc300_a's reference solution, on its 5 tests) N times,
-alone, and prints the median time of each phase: starting its sandbox (until the driver is ready
-for the program), each test, and closing the sandbox.
+Where one program's time goes: scripts/bench_sandbox.py.
 """
 
 from __future__ import annotations
@@ -22,7 +18,6 @@ import importlib
 import importlib.machinery
 import importlib.util
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,7 +25,7 @@ from pathlib import Path
 from atlas.config import GraderConfig
 from atlas.data.lcb import read_lcb
 from atlas.graders.lcb import grade_many
-from atlas.graders.sandbox import Sandbox, SandboxLimits, isolation_available
+from atlas.graders.sandbox import isolation_available
 
 FIXTURES = Path(__file__).resolve().parent.parent / "resources" / "fixtures"
 
@@ -60,52 +55,14 @@ def lcb_check_correctness(checkout: Path):
     return importlib.import_module("lcb_runner.evaluation.compute_code_generation_metrics").check_correctness
 
 
-def profile(times: int, test_timeout: float) -> None:
-    """Median milliseconds of each phase of one graded program, over `times` runs."""
-    question = next(
-        q for q in read_lcb(FIXTURES / "lcb_train.jsonl", "train") if q.record_id.endswith("abc300_a")
-    )
-    code = json.loads((FIXTURES / "lcb_solutions.json").read_text(encoding="utf-8"))[question.record_id]
-    tests = question.public_tests + question.private_tests
-    limits = SandboxLimits.from_config(GraderConfig(test_timeout_s=test_timeout))
-    isolation_available()  # the probe, once, outside the figures
-    phases: dict[str, list[float]] = {"start": [], "test": [], "close": []}
-    for _ in range(times):
-        t0 = time.perf_counter()
-        box = Sandbox(code, mode="stdin", limits=limits)
-        t1 = time.perf_counter()
-        for test in tests:
-            run = box.run(test.input, timeout_s=test_timeout, keep_bytes=1 << 16)
-            if run.status != "ok":
-                raise SystemExit(f"abc300_a's reference solution gave {run.status}: {run.stderr}")
-        t2 = time.perf_counter()
-        box.close()
-        t3 = time.perf_counter()
-        phases["start"].append(t1 - t0)
-        phases["test"].append((t2 - t1) / len(tests))
-        phases["close"].append(t3 - t2)
-    print(f"abc300_a, {len(tests)} tests, median of {times}; sandboxed: {isolation_available()}")
-    print("\n| phase | ms |\n|---|---|")
-    for name, label in (("start", "start the sandbox"), ("test", "one test"), ("close", "close the sandbox")):
-        print(f"| {label} | {statistics.median(phases[name]) * 1000:.1f} |")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "lcb_checkout", type=Path, nargs="?", help="a checkout of LiveCodeBench/LiveCodeBench"
-    )
-    parser.add_argument("--profile", type=int, metavar="N", help="profile one program N times instead")
+    parser.add_argument("lcb_checkout", type=Path, help="a checkout of LiveCodeBench/LiveCodeBench")
     parser.add_argument("--programs", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="graders.workers of grade_many")
     parser.add_argument("--test-timeout", type=int, default=6, help="per-test bound of both graders")
     args = parser.parse_args()
-    if args.profile:
-        profile(args.profile, args.test_timeout)
-        return
-    if args.lcb_checkout is None:
-        parser.error("the path of a LiveCodeBench checkout is needed (or --profile N)")
     check_correctness = lcb_check_correctness(args.lcb_checkout)
 
     jobs = programs(args.programs)

@@ -3,16 +3,12 @@
 
     python scripts/bench_rollout.py --shape 1.7b --tokenizer .gpu/tokenizer --out $OUT/rollout.json
 
-The base is atlas.model.shapes' random-init Qwen3 of the shape over the synthetic 151,936-token
-tokenizer (`--tokenizer` folder; built there if missing), in bf16. Each arm is the runtime the
-trainer makes (atlas.runtime.session.make_runtime: StaticEngine, compiled, grammar-constrained):
-
-    base      the base model alone (no LoRA)
-    adapters  the actor LoRA (r, alpha 2r, all linear layers) through the adapter layers
-    merged    the same actor folded into a plain copy (atlas.model.merged), as training serves it
-
-The batch is 32 questions x 8 samples, `--new` tokens each. After the runs, the log-probs of
-the merged model and of the adapter path are compared on the generated rows (bf16).
+atlas.model.shapes' random-init Qwen3 of the shape over the synthetic 151,936-token tokenizer
+(built in `--tokenizer` if missing), bf16, in the runtime the trainer makes (make_runtime:
+StaticEngine, compiled, grammar-constrained). Arms: `base` (no LoRA), `adapters` (the actor LoRA
+through peft's layers), `merged` (the same actor folded into a copy, as training serves it). The
+batch is atlas.runtime.synthetic's 32 questions x 8 samples, `--new` tokens each; after the runs
+the merged model's log-probs are compared with the adapters' on the generated rows.
 """
 
 from __future__ import annotations
