@@ -120,11 +120,14 @@ def copy_workflow(dest: Path) -> Path:
 
 
 def run_snakemake(
-    workdir: Path, *args: str, check: bool = True, timeout: float = 600
+    workdir: Path, *args: str, check: bool = True, timeout: float = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess:
+    """`python -m snakemake ARGS` in workdir; a failure (with `check`) or a run past `timeout`
+    fails the test, never a hang."""
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", *args],
         cwd=workdir,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -112,6 +112,15 @@ def atomic_write_json(path: str | Path, value: Any) -> None:
     atomic_write_text(path, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
+def aside_path(path: Path, label: str) -> Path:
+    """The first unused <path>.<label>-<n> beside path (n from 1): where work that no longer counts
+    is moved, never deleted."""
+    n = 1
+    while (aside := path.with_name(f"{path.name}.{label}-{n}")).exists():
+        n += 1
+    return aside
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield an empty temporary folder beside `path`; on success it becomes `path` in one rename.

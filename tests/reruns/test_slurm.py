@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from atlas.hashing import is_bookkeeping
-from conftest import REPO, copy_pipeline, copy_workflow
+from conftest import REPO, copy_pipeline, copy_workflow, run_snakemake
 
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
 SLICE = ["results/runs/smoke", "results/runs/training_smoke"]
@@ -65,21 +65,6 @@ needs_slurm = pytest.mark.skipif(WHY_NOT is not None and os.environ.get("CI") !=
 def _require_slurm() -> None:
     if WHY_NOT is not None:
         pytest.fail(f"the SLURM test must run in CI: {WHY_NOT}")
-
-
-def snakemake(workdir: Path, *args: str, env: dict | None = None, check: bool = True, timeout: float = 900):
-    """`python -m snakemake ARGS` in workdir; a run past `timeout` fails the test (never a hang)."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", *args],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def _pids(state: Path) -> dict[str, int]:
@@ -190,7 +175,7 @@ def test_slice_through_slurm_matches_a_local_run(cluster, failing_workflow, pipe
     slurm = copy_pipeline(pipeline, mkdir(tmp_path / "slurm"), drop=tuple(SLICE_OUTPUTS))
 
     t0 = time.monotonic()
-    proc = snakemake(slurm, "--profile", "profiles/slurm-local", *SLICE, env=env)
+    proc = run_snakemake(slurm, "--profile", "profiles/slurm-local", *SLICE, env=env, timeout=900)
     print(f"\nslice {SLICE} through SLURM: {time.monotonic() - t0:.1f} s")
 
     # every job ran as a SLURM job: one log each under the run, its id known to the cluster
@@ -227,7 +212,7 @@ def test_slice_through_slurm_matches_a_local_run(cluster, failing_workflow, pipe
     assert not differ, differ
 
     # a rerun through SLURM plans nothing
-    rerun = snakemake(slurm, "--profile", "profiles/slurm-local", "-n", *SLICE, env=env)
+    rerun = run_snakemake(slurm, "--profile", "profiles/slurm-local", "-n", *SLICE, env=env)
     assert "Nothing to be done" in rerun.stdout + rerun.stderr
 
 

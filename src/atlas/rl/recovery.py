@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from atlas.hashing import MANIFEST, atomic_write_json, tree_files, verify, write_manifest
+from atlas.hashing import MANIFEST, aside_path, atomic_write_json, tree_files, verify, write_manifest
 from atlas.stage import log
 
 RECOVERY = "recovery.json"
@@ -30,10 +30,7 @@ VERL_TRACKER = "latest_checkpointed_iteration.txt"
 
 def corrupt_dir(root: Path) -> Path:
     """The first unused <root>.corrupt-<n> beside root."""
-    n = 1
-    while (aside := root.with_name(f"{root.name}.corrupt-{n}")).exists():
-        n += 1
-    return aside
+    return aside_path(root, "corrupt")
 
 
 def recovery_events(root: Path) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from atlas.config import GraderConfig, RuntimeConfig
-from atlas.hashing import atomic_write_json, sha256_bytes
+from atlas.hashing import aside_path, atomic_write_json, sha256_bytes
 from atlas.rl.journal import step_dir, val_dir
 from atlas.runtime.execute import execute_call
 from atlas.runtime.tools import CodeBounds, tools_for
@@ -147,9 +147,7 @@ def supersede(root: Path, plan: ResumePlan, checkpoints: list[int], validated: l
         return None
     # wandb only appends steps; the trainer starts a new log and replays the journal it keeps.
     moving = [p for p in [*moving, root / "wandb"] if p.exists()]
-    n = 1
-    while (aside := root.with_name(f"{root.name}.superseded-{n}")).exists():
-        n += 1
+    aside = aside_path(root, "superseded")
     aside.mkdir(parents=True)
     atomic_write_json(aside / REGRADE, summary(plan))  # first: a job killed while moving leaves the why
     for p in moving:

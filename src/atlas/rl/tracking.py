@@ -20,6 +20,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from atlas.hashing import aside_path
+
 _HEADER = 7  # b":W&B", magic 0xBEE1, version
 _BLOCK = 32768
 _CHUNK = struct.Struct("<IHB")  # crc32, length, type (1 full, 2 first, 3 middle, 4 last)
@@ -51,9 +53,7 @@ def retire(folder: Path) -> Path | None:
     src = folder / "wandb"
     if not src.exists():
         return None
-    n = 1
-    while (dest := folder / f"wandb.earlier-{n}").exists():
-        n += 1
+    dest = aside_path(src, "earlier")
     src.rename(dest)
     return dest
 

@@ -33,7 +33,7 @@ import torch
 
 from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.contracts.runs import STEP_METRICS
-from atlas.hashing import MANIFEST, atomic_write_json, sha256_file
+from atlas.hashing import MANIFEST, aside_path, atomic_write_json, sha256_file
 from atlas.rl import journal
 from atlas.rl.metrics import call_advantages, step_summary
 from atlas.runtime.protocol import ProtocolReport
@@ -113,9 +113,7 @@ def retire_episodes(episodes: Path, done: int) -> Path | None:
     ]
     if not stale:
         return None
-    n = 1
-    while (aside := episodes.with_name(f"{episodes.name}.earlier-{n}")).exists():
-        n += 1
+    aside = aside_path(episodes, "earlier")
     for folder in stale:
         target = aside / folder.relative_to(episodes)
         target.parent.mkdir(parents=True, exist_ok=True)
