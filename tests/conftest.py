@@ -119,6 +119,34 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
+def flip_byte(path: Path, offset: int) -> None:
+    """Change one byte in place, same size, and set the mtime back as it was."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def policy_with_optimizers(model_dir: Path, training):
+    """An ActorCritic over the model at `model_dir`, with an AdamW and a decaying LambdaLR per
+    role: the state a compact checkpoint holds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from atlas.model.policy import ROLES, ActorCritic
+
+    ac = ActorCritic(AutoModelForCausalLM.from_pretrained(model_dir), training, seed=0)
+    opts, scheds = {}, {}
+    for role in ROLES:
+        params = ac.trainable(role)
+        opts[role] = torch.optim.AdamW([params[n] for n in sorted(params)], lr=1e-2)
+        scheds[role] = torch.optim.lr_scheduler.LambdaLR(opts[role], lambda s: 1.0 / (1 + s))
+    return ac, opts, scheds
+
+
 def run_snakemake(
     workdir: Path, *args: str, check: bool = True, timeout: float = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess:

@@ -4,21 +4,9 @@ the folder to rebuild; the command it suggests rebuilds the folder."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from atlas.hashing import verify
-from conftest import copy_pipeline, run_snakemake
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    """Change one byte in place, same size, and set the mtime back as it was."""
-    st = path.stat()
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x40]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+from conftest import copy_pipeline, flip_byte, run_snakemake
 
 
 def test_training_refuses_a_flipped_byte_in_its_data(pipeline, tmp_path):

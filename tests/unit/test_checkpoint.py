@@ -7,25 +7,19 @@ import random
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
 from atlas.config import TrainingConfig
 from atlas.hashing import verify
-from atlas.model.policy import ROLES, ActorCritic
+from atlas.model.policy import ROLES
 from atlas.rl.checkpoint import export_adapters, latest_checkpoint, load_compact, save_compact
+from conftest import policy_with_optimizers
 
 TRAINING = TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8)
 IDS = torch.tensor([[1, 50, 60, 70, 80, 90, 2]])
 
 
 def setup(tiny_model):
-    ac = ActorCritic(AutoModelForCausalLM.from_pretrained(tiny_model), TRAINING, seed=0)
-    opts, scheds = {}, {}
-    for role in ROLES:
-        params = ac.trainable(role)
-        opts[role] = torch.optim.AdamW([params[n] for n in sorted(params)], lr=1e-2)
-        scheds[role] = torch.optim.lr_scheduler.LambdaLR(opts[role], lambda s: 1.0 / (1 + s))
-    return ac, opts, scheds
+    return policy_with_optimizers(tiny_model, TRAINING)
 
 
 def train_step(ac, opts, scheds):

@@ -10,11 +10,10 @@ import random
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
 
 from atlas.config import TrainingConfig
 from atlas.hashing import MANIFEST
-from atlas.model.policy import ROLES, ActorCritic
+from atlas.model.policy import ROLES
 from atlas.rl.checkpoint import (
     STATE,
     checkpoint_steps,
@@ -24,19 +23,14 @@ from atlas.rl.checkpoint import (
     rng_state,
     save_compact,
 )
+from conftest import policy_with_optimizers
 
 TRAINING = TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8)
 
 
 @pytest.fixture(scope="module")
 def policy(tiny_model):
-    ac = ActorCritic(AutoModelForCausalLM.from_pretrained(tiny_model), TRAINING, seed=0)
-    opts, scheds = {}, {}
-    for role in ROLES:
-        params = ac.trainable(role)
-        opts[role] = torch.optim.AdamW([params[n] for n in sorted(params)], lr=1e-2)
-        scheds[role] = torch.optim.lr_scheduler.LambdaLR(opts[role], lambda s: 1.0 / (1 + s))
-    return ac, opts, scheds
+    return policy_with_optimizers(tiny_model, TRAINING)
 
 
 def ranks_rng(n: int) -> list[dict]:

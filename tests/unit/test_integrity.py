@@ -10,17 +10,7 @@ import pytest
 from atlas.errors import InputError
 from atlas.hashing import CACHED_SIZE, HASH_CACHE, MANIFEST, sha256_file, verify, write_manifest
 from atlas.stage import CorruptInputError, stage_parser, verify_inputs
-
-
-def flip_byte(path: Path, offset: int) -> None:
-    """Change one byte in place, same size, and set the mtime back as it was."""
-    st = path.stat()
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x40]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+from conftest import flip_byte
 
 
 def big_folder(tmp_path: Path) -> Path:
