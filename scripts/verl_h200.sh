@@ -7,11 +7,17 @@
 #   bash scripts/verl_h200.sh part PARTS_DIR            keep the parts that arrived (in /tmp/parts)
 #   bash scripts/verl_h200.sh run BUNDLE OUT            join + install the wheelhouse, then the run
 #   bash scripts/verl_h200.sh resume BUNDLE OUT         the second launch alone (a run cut short)
-# BUNDLE holds: atlas-*.whl (the project, for its vllm.general_plugins entry point), slice.json
-# (the training stage's config slice, engine verl), model/ and data/ (results/models/<m>,
+#   KILL_AT_STEP=0 bash scripts/verl_h200.sh run ...    one launch from scratch to the end, no kill
+#   bash scripts/verl_h200.sh slices BUNDLE [CONFIG]    here: the bundle's stage slices, from
+#                                                       config/config.yaml under CONFIG
+#                                                       (default config/verl-node.yaml)
+# BUNDLE holds: atlas-*.whl (the project, for its vllm.general_plugins entry point), slice.json,
+# checks.json and roundtrip.json (the config slices of training_smoke's train, checks and
+# distributed_roundtrip jobs, engine verl: `slices` writes them), model/ and data/ (results/models/<m>,
 # results/data), this folder's scripts, and debs/ (bubblewrap for the graders' sandbox, unpacked
 # by bwrap_from_deb.sh where the node has no bwrap). OUT receives the logs, the episode counts and a tar of
-# the run folder and the verl checkpoints' index.
+# the run folder and the verl checkpoints' index. After a launch that ends the run, the checks
+# stage runs on it there (distributed_roundtrip, then checks), as the workflow's checks rule would.
 set -uo pipefail
 set -m  # every background launch in its own process group, killed as a group
 what=$1
@@ -22,6 +28,38 @@ if [[ $what == part ]]; then
     mv "$2"/wheelhouse.tar.* "$2"/SHA256SUMS "$parts"/ 2>/dev/null
     ls -la "$parts"
     exit 0
+fi
+
+if [[ $what == slices ]]; then
+    dir=${2:?slices BUNDLE} overlay=${3:-config/verl-node.yaml}
+    here=$(cd "$(dirname "$0")/.." && pwd)
+    PYTHONPATH=$here/src python3 - "$here/config/config.yaml" "$overlay" "$dir" <<'EOF'
+import json, sys
+from pathlib import Path
+
+from atlas.config import config_slice, parse_config, read_yaml
+
+
+def merged(base, over):  # Snakemake's --configfile rule: nested mappings merged key by key
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if both else value
+    return out
+
+
+base, overlay, dest = sys.argv[1:]
+config = parse_config(merged(read_yaml(base), read_yaml(overlay)), overlay)
+slices = {
+    "slice.json": config_slice(config, "training", "training_smoke"),
+    "checks.json": config_slice(config, "checks", "training_smoke"),
+    "roundtrip.json": config_slice(config, "training", "training_smoke")["training"],
+}
+for name, value in slices.items():
+    Path(dest, name).write_text(json.dumps(value, sort_keys=True), encoding="utf-8")
+print("slices:", ", ".join(slices), "->", dest)
+EOF
+    exit $?
 fi
 
 bundle=$(cd "$2" && pwd) out=$3
@@ -72,11 +110,31 @@ watch() {
 }
 collect() {
     cp "$ck"/verl/launch_*.log "$ck"/verl/metrics_*.jsonl "$ck"/verl/episode_counts.json "$out/" 2>/dev/null
-    tar -C /tmp/atlas -czf "$out/verl_run.tgz" --exclude='huggingface' run checkpoints 2>/dev/null
+    # everything the checks read (verl_checkpoints.json lists the checkpoints' huggingface/
+    # config and tokenizer files); only full model weights and verl's rollout dumps stay behind
+    tar -C /tmp/atlas -czf "$out/verl_run.tgz" --exclude='huggingface/*.safetensors' \
+        --exclude=rollouts run checks checkpoints 2>/dev/null
+}
+# the workflow's checks of the run (rules/checks.smk): the 2-rank roundtrip of its last
+# checkpoint, then the checkpoint, roundtrip and batch checks
+checks() {
+    [[ -f $bundle/checks.json ]] || return 0
+    local seed
+    seed=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["seed"])' "$bundle/checks.json")
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip \
+        --model "$bundle/model" --run-folder "$run" --training "$(cat "$bundle/roundtrip.json")" \
+        --seed "$seed" --out /tmp/atlas/checks.distributed > "$out/distributed_roundtrip.log" 2>&1
+    echo "distributed_roundtrip exit $? at ${SECONDS}s" | tee -a "$out/kill.txt"
+    python3 -m atlas.stages.checks --config-slice "$(cat "$bundle/checks.json")" \
+        --train "$bundle/data/train.parquet" --val "$bundle/data/val.parquet" \
+        --tests "$bundle/data/tests.parquet" --model "$bundle/model" --checkpoints "$ck" \
+        --run-folder "$run" --distributed /tmp/atlas/checks.distributed --out /tmp/atlas/checks \
+        > "$out/checks.log" 2>&1
+    echo "checks exit $? at ${SECONDS}s" | tee -a "$out/kill.txt"
 }
 marker=$ck/verl/checkpoints/latest_checkpointed_iteration.txt
 
-if [[ $what == run ]]; then
+if [[ $what == run && ${KILL_AT_STEP:-1} != 0 ]]; then
     # launch 1: killed as soon as verl has saved global step 1
     launch 0
     watch '[[ -f $marker && $(cat $marker) == 1 ]]' 1
@@ -84,6 +142,7 @@ fi
 # launch 2: resume_mode=auto picks up global step 1, runs step 2, converts
 launch 1
 watch false 2
+grep -q "launch 2 exit 0" "$out/kill.txt" && checks
 collect
 ls -la "$out"
 grep -h "launch 2 exit 0" "$out/kill.txt" > /dev/null

@@ -42,11 +42,18 @@ def next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor
 
 
 def probes(ac: ActorCritic, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The actor's log-probs and the critic's values on `ids`, computed on the policy's device
+    and returned on the CPU, whatever device `ids` is on."""
+    ids = ids.to(policy_device(ac))
     with torch.no_grad():
         return {
-            "actor_logprobs": next_token_logprobs(ac.actor_logits(ids), ids),
-            "critic_values": ac.values(ids),
+            "actor_logprobs": next_token_logprobs(ac.actor_logits(ids), ids).cpu(),
+            "critic_values": ac.values(ids).cpu(),
         }
+
+
+def policy_device(ac: ActorCritic) -> torch.device:
+    return next(ac.peft.parameters()).device
 
 
 def tensors_match_file(ac: ActorCritic, folder: Path) -> int:

@@ -49,15 +49,18 @@ from atlas.checks.roundtrip import (
     batch_math,
     cpu_roundtrip,
     next_token_logprobs,
+    policy_device,
     policy_roundtrip,
     probe_batch,
     probes,
 )
 from atlas.config import ChecksSlice
 from atlas.hashing import atomic_dir, atomic_write_json, is_bookkeeping, write_manifest
+from atlas.model.liger import applied, apply_liger
 from atlas.rl.checkpoint import load_trainable
 from atlas.rl.step import build_policy, open_session, train_step
 from atlas.runtime.inputs import training_inputs, training_parser
+from atlas.runtime.session import load_model
 from atlas.stage import code_files, log, run
 
 MODULE = "atlas.stages.checks"
@@ -91,12 +94,17 @@ def timing_rows(metrics: list[dict], samples: list[dict]) -> list[dict]:
 
 
 def exported_actor_reproduces(model_dir: Path, adapters: Path, ac, ids: torch.Tensor) -> float:
-    """Max |log-prob difference| between the exported actor (peft) and the checkpointed actor."""
-    peft_model = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(model_dir), adapters / "actor"
-    )
+    """Max |log-prob difference| between the exported actor (peft) and the checkpointed actor,
+    the exported one loaded as the policy's base is (device, dtype, Liger kernels), so that equal
+    weights give equal log-probs."""
+    device = policy_device(ac)
+    base, _ = load_model(model_dir, device.type)
+    if applied(ac.peft):
+        apply_liger(base)
+    peft_model = PeftModel.from_pretrained(base.to(device), adapters / "actor")
+    ids = ids.to(device)
     with torch.no_grad():
-        exported = next_token_logprobs(peft_model(input_ids=ids).logits, ids)
+        exported = next_token_logprobs(peft_model(input_ids=ids).logits, ids).cpu()
     return (exported - probes(ac, ids)["actor_logprobs"]).abs().max().item()
 
 

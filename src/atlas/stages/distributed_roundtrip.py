@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from atlas.checks.distributed import (
@@ -71,10 +72,13 @@ def main(argv: list[str] | None = None) -> None:
     ref_grads = step_grads(ref, ids, sampled, score, adv, total, 1.0)
 
     ac = build(args.model, training, args.seed).to(device)
+    # the mesh of the chosen device: fully_shard's default mesh takes the machine's accelerator,
+    # a CUDA device per rank, which one GPU under gloo does not have
+    mesh = init_device_mesh(device.type, (world,))
     for layer in ac.peft.base_model.model.model.layers:
-        fully_shard(layer)
-    fully_shard(ac.peft)
-    fully_shard(ac.value_head)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(ac.peft, mesh=mesh)
+    fully_shard(ac.value_head, mesh=mesh)
     load_full(ac, tensors)
     loaded = {n: full(p) for role in ROLES for n, p in ac.trainable(role).items()}
     mismatch = [n for n, t in loaded.items() if not torch.equal(t, tensors[n])]
