@@ -143,3 +143,16 @@ def test_resumed_metrics_must_match_exactly():
         CheckFailed, match=r"x: metric score/lcb/mean is 0.0 after resuming, the run had none"
     ):
         same_metrics({"score/lcb/mean": 0.0}, {"score/lcb/mean": None}, "x")
+
+
+def test_the_exported_actor_reproduces_its_checkpoint_and_no_other(tiny_model, tmp_path):
+    from atlas.rl.checkpoint import export_adapters
+    from atlas.stages.checks import exported_actor_reproduces
+
+    ac = policy(tiny_model)
+    export_adapters(ac, tmp_path / "adapters")
+    assert exported_actor_reproduces(tiny_model, tmp_path / "adapters", ac, IDS) == 0.0
+    with torch.no_grad():
+        for p in ac.trainable("actor").values():
+            p.add_(0.01)
+    assert exported_actor_reproduces(tiny_model, tmp_path / "adapters", ac, IDS) > 1e-4
