@@ -7,7 +7,9 @@
 #   bash scripts/verl_h200.sh part PARTS_DIR            keep the parts that arrived (in /tmp/parts)
 #   bash scripts/verl_h200.sh run BUNDLE OUT            join + install the wheelhouse, then the run
 #   bash scripts/verl_h200.sh resume BUNDLE OUT         the second launch alone (a run cut short)
-#   KILL_AT_STEP=0 bash scripts/verl_h200.sh run ...    one launch from scratch to the end, no kill
+#   KILL_AT_STEP=N bash scripts/verl_h200.sh run ...    kill the first launch once verl has saved
+#                                                       global step N (default 1); 0: no kill, one
+#                                                       launch from scratch to the end
 #   bash scripts/verl_h200.sh slices BUNDLE [CONFIG]    here: the bundle's stage slices, from
 #                                                       config/config.yaml under CONFIG
 #                                                       (default config/verl-node.yaml)
@@ -31,13 +33,15 @@ if [[ $what == part ]]; then
 fi
 
 if [[ $what == slices ]]; then
-    dir=${2:?slices BUNDLE} overlay=${3:-config/verl-node.yaml}
     here=$(cd "$(dirname "$0")/.." && pwd)
+    dir=${2:?slices BUNDLE} overlay=${3:-$here/config/verl-node.yaml}
+    mkdir -p "$dir"
     PYTHONPATH=$here/src python3 - "$here/config/config.yaml" "$overlay" "$dir" <<'EOF'
 import json, sys
 from pathlib import Path
 
 from atlas.config import config_slice, parse_config, read_yaml
+from atlas.hashing import canonical_json
 
 
 def merged(base, over):  # Snakemake's --configfile rule: nested mappings merged key by key
@@ -56,7 +60,7 @@ slices = {
     "roundtrip.json": config_slice(config, "training", "training_smoke")["training"],
 }
 for name, value in slices.items():
-    Path(dest, name).write_text(json.dumps(value, sort_keys=True), encoding="utf-8")
+    Path(dest, name).write_text(canonical_json(value), encoding="utf-8")
 print("slices:", ", ".join(slices), "->", dest)
 EOF
     exit $?
@@ -112,37 +116,49 @@ collect() {
     cp "$ck"/verl/launch_*.log "$ck"/verl/metrics_*.jsonl "$ck"/verl/episode_counts.json "$out/" 2>/dev/null
     # everything the checks read (verl_checkpoints.json lists the checkpoints' huggingface/
     # config and tokenizer files); only full model weights and verl's rollout dumps stay behind
-    tar -C /tmp/atlas -czf "$out/verl_run.tgz" --exclude='huggingface/*.safetensors' \
-        --exclude=rollouts run checks checkpoints 2>/dev/null
+    local have=()
+    for d in run checks checks.distributed checkpoints; do [[ -e /tmp/atlas/$d ]] && have+=("$d"); done
+    ((${#have[@]})) && tar -C /tmp/atlas -czf "$out/verl_run.tgz" --exclude='huggingface/*.safetensors' \
+        --exclude=rollouts "${have[@]}"
 }
 # the workflow's checks of the run (rules/checks.smk): the 2-rank roundtrip of its last
 # checkpoint, then the checkpoint, roundtrip and batch checks
 checks() {
     [[ -f $bundle/checks.json ]] || return 0
-    local seed
+    local seed rc
     seed=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["seed"])' "$bundle/checks.json")
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip \
+    timeout "${CHECKS_S:-600}" env OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip \
         --model "$bundle/model" --run-folder "$run" --training "$(cat "$bundle/roundtrip.json")" \
         --seed "$seed" --out /tmp/atlas/checks.distributed > "$out/distributed_roundtrip.log" 2>&1
-    echo "distributed_roundtrip exit $? at ${SECONDS}s" | tee -a "$out/kill.txt"
-    python3 -m atlas.stages.checks --config-slice "$(cat "$bundle/checks.json")" \
+    rc=$?
+    echo "distributed_roundtrip exit $rc at ${SECONDS}s" | tee -a "$out/kill.txt"
+    ((rc == 0)) || return 1
+    timeout "${CHECKS_S:-600}" python3 -m atlas.stages.checks --config-slice "$(cat "$bundle/checks.json")" \
         --train "$bundle/data/train.parquet" --val "$bundle/data/val.parquet" \
         --tests "$bundle/data/tests.parquet" --model "$bundle/model" --checkpoints "$ck" \
         --run-folder "$run" --distributed /tmp/atlas/checks.distributed --out /tmp/atlas/checks \
         > "$out/checks.log" 2>&1
-    echo "checks exit $? at ${SECONDS}s" | tee -a "$out/kill.txt"
+    rc=$?
+    echo "checks exit $rc at ${SECONDS}s" | tee -a "$out/kill.txt"
+    return $rc
 }
 marker=$ck/verl/checkpoints/latest_checkpointed_iteration.txt
 
-if [[ $what == run && ${KILL_AT_STEP:-1} != 0 ]]; then
-    # launch 1: killed as soon as verl has saved global step 1
+[[ $what == run ]] && : > "$out/kill.txt"  # this run's launches only
+kill_at=${KILL_AT_STEP:-1}
+if [[ $what == run && $kill_at != 0 ]]; then
+    # launch 1: killed as soon as verl has saved global step $kill_at
     launch 0
-    watch '[[ -f $marker && $(cat $marker) == 1 ]]' 1
+    watch '[[ -f $marker && $(cat $marker) == "$kill_at" ]]' 1
 fi
-# launch 2: resume_mode=auto picks up global step 1, runs step 2, converts
+# launch 2: resume_mode=auto picks up the latest global step, runs the rest, converts
 launch 1
 watch false 2
-grep -q "launch 2 exit 0" "$out/kill.txt" && checks
+# the exit status: 0 when the last launch ended the run and its checks passed
+status=1
+if [[ $(grep "^launch 2 exit" "$out/kill.txt" | tail -1) == "launch 2 exit 0 "* ]]; then
+    checks && status=0
+fi
 collect
 ls -la "$out"
-grep -h "launch 2 exit 0" "$out/kill.txt" > /dev/null
+exit $status

@@ -98,7 +98,7 @@ def exported_actor_reproduces(model_dir: Path, adapters: Path, ac, ids: torch.Te
     the exported one loaded as the policy's base is (device, dtype, Liger kernels), so that equal
     weights give equal log-probs."""
     device = policy_device(ac)
-    base, _ = load_model(model_dir, device.type)
+    base, _ = load_model(model_dir, str(device))
     if applied(ac.peft):
         apply_liger(base)
     peft_model = PeftModel.from_pretrained(base.to(device), adapters / "actor")
