@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -105,9 +107,39 @@ def log(stage: str, message: str, **fields: Any) -> None:
 
 
 def run(main: Callable[[], None]) -> None:
-    """Run a stage's main(); bad input ends it with the message alone and exit status 1."""
+    """Run a stage's main(); bad input ends it with the message alone and exit status 1.
+
+    A rank of a torchrun job (WORLD_SIZE > 1) ends with os._exit once main() has returned or
+    raised, its output flushed: the interpreter's teardown would free the DDP reducers and with
+    them gloo's process group, whose destructor joins its worker thread while holding the GIL,
+    and a worker still freeing the last collective's tensors waits for that GIL: the rank hangs
+    and torchrun with it. Everything a stage writes is written (atomically) inside main()."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        os._exit(_exit_status(main))
     try:
         main()
     except (InputError, ValidationError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _exit_status(main: Callable[[], None]) -> int:
+    """main()'s exit status, as the interpreter would give it, with its output flushed."""
+    status = 0
+    try:
+        main()
+    except (InputError, ValidationError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        status = 1
+    except SystemExit as err:
+        if err.code is None or isinstance(err.code, int):
+            status = err.code or 0
+        else:
+            print(err.code, file=sys.stderr)
+            status = 1
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    return status
