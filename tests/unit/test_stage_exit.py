@@ -1,5 +1,6 @@
-"""How a stage's process ends (atlas.stage.run): as a rank of a torchrun job (WORLD_SIZE > 1)
-without the interpreter's teardown, with the same exit status and output as a plain process."""
+"""How a stage's process ends (atlas.stage.run): without the interpreter's teardown, alone or as
+a rank of a torchrun job (WORLD_SIZE > 1), with the exit status and the output of a plain
+interpreter's exit."""
 
 from __future__ import annotations
 
@@ -50,10 +51,20 @@ def stage(how: str, world: int) -> subprocess.CompletedProcess:
         ("exit-message", 1, "stopped: no checkpoint"),
     ],
 )
-def test_a_rank_ends_with_the_status_and_output_of_a_plain_process_and_no_teardown(how, status, stderr):
-    plain, rank = stage(how, 1), stage(how, 2)
-    assert plain.returncode == rank.returncode == status
-    assert plain.stdout == rank.stdout == "unflushed output"
-    assert stderr in plain.stderr and stderr in rank.stderr
-    assert "teardown ran" in plain.stderr  # the interpreter's exit ran the atexit hook
-    assert "teardown ran" not in rank.stderr  # os._exit: no teardown, no destructors
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_stage_ends_with_its_status_and_output_and_no_teardown(how, status, stderr, world):
+    proc = stage(how, world)
+    assert proc.returncode == status
+    assert proc.stdout == "unflushed output"
+    assert stderr in proc.stderr
+    assert "teardown ran" not in proc.stderr  # os._exit: no exit hooks, no destructors
+    if how == "bad-input":  # the message alone, no traceback
+        assert "Traceback" not in proc.stderr
+
+
+def test_without_run_the_interpreter_would_run_the_teardown():
+    """The reference the test above differs from: the same main() called bare."""
+    program = PROGRAM.replace("run(main)", "main()")
+    proc = subprocess.run([sys.executable, "-c", program, "ok"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "unflushed output"
+    assert "teardown ran" in proc.stderr

@@ -47,6 +47,14 @@ def start(folder: Path, *, mode: str, project: str, run_id: str, name: str, conf
     )
 
 
+def teardown() -> None:
+    """Stop wandb's service process (what wandb's exit hook does; stages end without exit hooks,
+    atlas.stage.run)."""
+    import wandb
+
+    wandb.teardown()
+
+
 def retire(folder: Path) -> Path | None:
     """Move an earlier attempt's log, `folder`/wandb, to `folder`/wandb.earlier-<n> (never
     deleted); returns where it went, or None when there was none."""

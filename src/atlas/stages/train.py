@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     sampler.stop()
     if wandb_run is not None:
         wandb_run.finish()
+        tracking.teardown()
 
     journal.assemble(
         args.out,
