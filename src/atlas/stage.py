@@ -113,7 +113,7 @@ def run(main: Callable[[], None]) -> None:
     The process then ends with os._exit, its output flushed (Python's and the C library's),
     without the interpreter's teardown. Everything a stage writes is written, atomically, inside
     main(), and its pools, sandboxes and wandb are closed there. The teardown would only cost
-    time (1.5-2 s of CPU for a process that imported torch, transformers and peft), and in a rank
+    time (1 to 1.7 s of CPU for a process that imported torch, transformers and peft), and in a rank
     of a torchrun job it can hang: freeing the DDP reducers frees gloo's process group, whose
     destructor joins its worker thread while holding the GIL, and a worker still freeing the last
     collective's tensors waits for that GIL."""

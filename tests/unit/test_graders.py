@@ -424,10 +424,13 @@ def test_program_budget_cuts_the_run_and_skips_the_rest(scratch_root):
     tests = [Case("stdin", "", "0")] * 5
     v = grade_code("import time\ntime.sleep(0.3)\nprint(0)", tests, func_name=None, cfg=cfg)
     statuses = [t.status for t in v.tests]
-    cut = statuses.index("timeout")
-    assert cut >= 1 and statuses == ["passed"] * cut + ["timeout"] + ["skipped"] * (4 - cut)
+    cut = statuses.count("passed")
+    # The budget runs out while a test runs (that test is cut short: "timeout") or, when the
+    # passed tests took the whole second between them, just before the next one starts.
+    cut_short = ["timeout"] if "timeout" in statuses else []
+    assert cut >= 1 and statuses == ["passed"] * cut + cut_short + ["skipped"] * (5 - cut - len(cut_short))
     assert v.status == "program_timeout" and v.passed == cut
-    assert "budget ran out" in v.tests[cut].detail and "budget ran out" in v.tests[-1].detail
+    assert all("budget ran out" in t.detail for t in v.tests[cut:])
     assert v.wall_s < cfg.program_timeout_s + 1
     assert_contained(scratch_root)
 
