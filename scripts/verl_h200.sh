@@ -40,17 +40,8 @@ if [[ $what == slices ]]; then
 import json, sys
 from pathlib import Path
 
-from atlas.config import config_slice, parse_config, read_yaml
+from atlas.config import config_slice, merged, parse_config, read_yaml
 from atlas.hashing import canonical_json
-
-
-def merged(base, over):  # Snakemake's --configfile rule: nested mappings merged key by key
-    out = dict(base)
-    for key, value in over.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = merged(out[key], value) if both else value
-    return out
-
 
 base, overlay, dest = sys.argv[1:]
 config = parse_config(merged(read_yaml(base), read_yaml(overlay)), overlay)

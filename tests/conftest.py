@@ -290,18 +290,10 @@ KEPT_RUNS = 3  # cached pipeline runs kept (the newest)
 SUITE_CONFIG = REPO / ".test" / "config" / "config.yaml"
 
 
-def merged(base: dict, over: dict) -> dict:
-    """`over` merged into `base` key by key, nested mappings merged in turn (Snakemake's rule)."""
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = (
-            merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
-
-
 def suite_config_raw() -> dict:
     import yaml
+
+    from atlas.config import merged
 
     base = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
     return merged(base, yaml.safe_load(SUITE_CONFIG.read_text(encoding="utf-8")))

@@ -674,6 +674,16 @@ def read_yaml(path: str | Path) -> Any:
         loader.dispose()
 
 
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into `base` key by key, nested mappings merged in turn: how Snakemake's
+    --configfile lays a config over the Snakefile's. Neither argument is changed."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if both else value
+    return out
+
+
 def check_yaml_files(paths: list[str | Path]) -> None:
     """Read each config file Snakemake loaded with read_yaml (Snakemake's own loader keeps the last
     of two equal keys)."""

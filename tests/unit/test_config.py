@@ -160,3 +160,16 @@ def test_checks_resume_the_first_checkpoints_and_sit_in_their_own_slice():
     )
     assert checks.pop("checks") == {"resumed_steps": 1}
     assert checks == training and "checks" not in training  # changing it reruns no training
+
+
+def test_a_config_laid_over_another_merges_nested_mappings_key_by_key():
+    from atlas.config import merged
+
+    base = {"training": {"engine": "local", "ppo": {"actor_lr": 1e-3, "epochs": 1}}, "seed": 0}
+    over = {"training": {"ppo": {"epochs": 2}, "runs": ["a"]}, "seed": {"not": "an int"}}
+    assert merged(base, over) == {
+        "training": {"engine": "local", "ppo": {"actor_lr": 1e-3, "epochs": 2}, "runs": ["a"]},
+        "seed": {"not": "an int"},  # a mapping over a scalar replaces it
+    }
+    assert base["training"]["ppo"]["epochs"] == 1 and "runs" not in base["training"]  # unchanged
+    assert merged({"a": {"b": 1}}, {"a": 5}) == {"a": 5}  # a scalar over a mapping replaces it

@@ -112,23 +112,14 @@ def test_shape_and_tokenizer_are_for_built_models_only():
         ModelConfig.model_validate({"name": "q", "tiny": tiny, "shape": "70b"})
 
 
-def _merge(base: dict, over: dict) -> dict:
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
 def test_the_h200_config_builds_the_1_7b_shape_and_trains_on_the_report_batch():
     """config/h200.yaml over config/config.yaml, as snakemake --configfile merges it."""
     import yaml
 
-    from atlas.config import parse_config
+    from atlas.config import merged, parse_config
 
     repo = Path(__file__).resolve().parents[2]
-    raw = _merge(*(yaml.safe_load((repo / "config" / n).read_text()) for n in ("config.yaml", "h200.yaml")))
+    raw = merged(*(yaml.safe_load((repo / "config" / n).read_text()) for n in ("config.yaml", "h200.yaml")))
     cfg = parse_config(raw, "config/h200.yaml")
     assert (cfg.model.shape, cfg.model.tokenizer) == ("1.7b", "synthetic-151k")
     assert cfg.schedule.questions_per_step * cfg.training.responses_per_question == 256  # 32 x 8
