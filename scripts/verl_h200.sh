@@ -100,7 +100,8 @@ watch() {
         kill -KILL -- "-$lpid"
     fi
     wait "$lpid"
-    echo "launch $2 exit $? at ${SECONDS}s" | tee -a "$out/kill.txt"
+    last_exit=$?
+    echo "launch $2 exit $last_exit at ${SECONDS}s" | tee -a "$out/kill.txt"
     python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1 || true
 }
 collect() {
@@ -147,7 +148,7 @@ launch 1
 watch false 2
 # the exit status: 0 when the last launch ended the run and its checks passed
 status=1
-if [[ $(grep "^launch 2 exit" "$out/kill.txt" | tail -1) == "launch 2 exit 0 "* ]]; then
+if ((last_exit == 0)); then
     checks && status=0
 fi
 collect
