@@ -28,8 +28,10 @@ def _module_path(src: Path, name: str) -> Path | None:
     return None
 
 
-def _imports(src: Path, name: str, path: Path) -> set[str]:
-    """Names of the `atlas` modules that `path` (module `name`) imports."""
+@cache
+def _imports(src: Path, name: str, path: Path) -> frozenset[str]:
+    """Names of the `atlas` modules that `path` (module `name`) imports. Read once per process,
+    as `module_names` is: the stages share most of their modules."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -46,7 +48,7 @@ def _imports(src: Path, name: str, path: Path) -> set[str]:
             found.add(target)
             # `from atlas.data import gpqa` imports the submodule atlas.data.gpqa.
             found.update(f"{target}.{alias.name}" for alias in node.names)
-    return {m for m in found if m.split(".")[0] == ROOT_PACKAGE and _module_path(src, m) is not None}
+    return frozenset(m for m in found if m.split(".")[0] == ROOT_PACKAGE and _module_path(src, m) is not None)
 
 
 @cache
