@@ -10,16 +10,21 @@
 #                                            the 8B update benchmark and the 1.7B rollout
 #                                            benchmark; everything printed and written lands in $OUT
 #   bash scripts/gpu_session.sh pack-pipeline DIR   here: DIR gets the pipeline (Snakefile, rules,
-#                                            profiles, config, src, fixtures) and the wheelhouse of
-#                                            scripts/wheels/h200-pipeline.txt, split into
-#                                            DIR/whl/part-N folders of at most 60 MiB
+#                                            profiles, config, src, fixtures, tests) and the
+#                                            wheelhouse of scripts/wheels/h200-pipeline.txt, split
+#                                            into DIR/whl/part-N folders of at most 60 MiB
 #   cd DIR && bash scripts/gpu_session.sh stage   there: keep the wheel parts copied so far in
 #                                            /tmp/atlas-pipeline/wheels, when the parts arrive one
 #                                            at a time
 #   cd DIR && bash scripts/gpu_session.sh pipeline   there: install the wheelhouse offline, run
-#                                            snakemake --cores all on config/h200.yaml (plus any
-#                                            ATLAS_CONFIGS) to results/report25/, and put the
-#                                            report folder, the job logs and snakemake's log in $OUT
+#                                            snakemake --cores all on ATLAS_BASE_CONFIG (default
+#                                            config/h200.yaml; config/h200-tiny.yaml is the tiny
+#                                            embedded default on CUDA) plus any ATLAS_CONFIGS to
+#                                            results/report25/, and put the report folder, the job
+#                                            logs and snakemake's log in $OUT. ATLAS_GPU_TESTS=1
+#                                            also runs tests/gpu (beside the pipeline, under
+#                                            ATLAS_GPU_TESTS_S, default 300 s) into
+#                                            $OUT/pytest_gpu.txt
 #
 # OUT defaults to /tmp/out. docs/gpu.md has the figures these commands printed on an H200;
 # resources/runs/h200/ holds what `pipeline` wrote there.
@@ -50,7 +55,7 @@ if [[ $what == pack-pipeline ]]; then
   mkdir -p "$dir/whl/all"
   rm -rf "$dir/code" && mkdir -p "$dir/code/resources"
   cp -r "$here/Snakefile" "$here/rules" "$here/profiles" "$here/envs" "$here/config" "$here/src" \
-    "$here/pyproject.toml" "$here/report" "$dir/code/"
+    "$here/pyproject.toml" "$here/report" "$here/tests" "$dir/code/"
   mkdir -p "$dir/code/scripts" && cp "$here/scripts/sandbox_check.py" "$dir/code/scripts/"
   cp -r "$here/resources/fixtures" "$dir/code/resources/"
   mkdir -p "$dir/scripts" && cp "$here/scripts/gpu_session.sh" "$here/scripts/bwrap_from_deb.sh" "$dir/scripts/"
@@ -102,13 +107,27 @@ if [[ $what == pipeline ]]; then
     "$OUT/sandbox_check.json"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.txt"
   cd code || exit 1
-  configs="config/h200.yaml ${ATLAS_CONFIGS:-}"
+  configs="${ATLAS_BASE_CONFIG:-config/h200.yaml} ${ATLAS_CONFIGS:-}"
+  echo "configs: $configs"
+  tests=
+  if [[ ${ATLAS_GPU_TESTS:-0} == 1 ]]; then
+    # the CUDA tests, in one process beside the pipeline (pyproject's addopts ask for xdist workers)
+    timeout "${ATLAS_GPU_TESTS_S:-300}" python3 -m pytest -p no:cacheprovider -o addopts="" -ra -v \
+      tests/gpu > "$OUT/pytest_gpu.txt" 2>&1 &
+    tests=$!
+  fi
+  # a run cut short (a timeout, a kill) leaves Snakemake's lock behind: the next call would refuse
+  python3 -m snakemake --configfile $configs --unlock > /dev/null 2>&1
   start=$(date +%s)
   # --configfile takes several files: the options after it end the list before the target
-  # one GPU job at a time by default (ATLAS_GPU_JOBS raises it): each holds a model and its caches
+  # one GPU job at a time by default (ATLAS_GPU_JOBS raises it): each holds a model and its caches;
+  # a call after one cut short by the timeout resumes, redoing the jobs it left incomplete
   timeout "${ATLAS_PIPELINE_S:-540}" python3 -m snakemake --configfile $configs --cores all \
-    --resources gpu="${ATLAS_GPU_JOBS:-1}" --keep-going results/report25/
+    --resources gpu="${ATLAS_GPU_JOBS:-1}" --keep-going --rerun-incomplete results/report25/
   echo "snakemake rc=$? after $(( $(date +%s) - start )) s"
+  if [[ -n $tests ]]; then
+    wait "$tests"; echo "pytest tests/gpu rc=$?"; tail -25 "$OUT/pytest_gpu.txt"
+  fi
   last=$(ls -t .snakemake/log/*.snakemake.log 2>/dev/null | head -1)
   [[ -n $last ]] && cp "$last" "$OUT/snakemake.log"
   tar -czf "$OUT/logs.tgz" results/logs 2>/dev/null

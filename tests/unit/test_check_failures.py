@@ -145,6 +145,21 @@ def test_resumed_metrics_must_match_exactly():
         same_metrics({"score/lcb/mean": 0.0}, {"score/lcb/mean": None}, "x")
 
 
+def test_resumed_metrics_on_a_gpu_match_within_the_tolerance_only(capsys):
+    logged = {"step": 1, "critic/grad_norm": 10.587645530700684, "actor/kl": 0.0}
+    # seen on an H200: the resumed step's grad norm 2e-7 relative off the logged one
+    on_gpu = {"critic/grad_norm": 10.58764362335205, "actor/kl": 5e-9}
+    with pytest.raises(CheckFailed, match="actor/kl is 5e-09"):  # on a CPU: equal, or refused
+        same_metrics(on_gpu, logged, "x")
+    assert same_metrics(on_gpu, logged, "x", rel_tol=1e-4) == 2
+    # grad_norm used 1.8e-7 / 1e-4 of its tolerance, kl 5e-9 / 1e-6
+    assert "x: 2 metrics within rel_tol 0.0001, using at most 0.005 of it" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match=r"metric critic/grad_norm is 10.6 after .* \(rel_tol 0.0001\)"):
+        same_metrics({**on_gpu, "critic/grad_norm": 10.6}, logged, "x", rel_tol=1e-4)
+    with pytest.raises(CheckFailed, match="metric actor/kl is 2e-06"):  # near 0: 1e-6 absolute
+        same_metrics({**on_gpu, "actor/kl": 2e-6}, logged, "x", rel_tol=1e-4)
+
+
 def test_the_exported_actor_reproduces_its_checkpoint_and_no_other(tiny_model, tmp_path):
     from atlas.rl.checkpoint import export_adapters
     from atlas.stages.checks import exported_actor_reproduces

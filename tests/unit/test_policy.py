@@ -92,3 +92,16 @@ def test_exported_actor_adapter_loads_with_peft(ac, tiny_model, tmp_path):
     )
     with torch.no_grad():
         assert torch.allclose(loaded(input_ids=ids()).logits, ac.actor_logits(ids()), atol=1e-6)
+
+
+def test_a_frozen_critic_head_is_made_where_the_value_head_lives(ac):
+    # On a GPU the policy is on cuda and the snapshot's tensors come from the CPU; the frozen head
+    # follows the value head (a meta device stands in for a GPU here: no data, only placement).
+    snapshot = {n: p.detach().clone() + 0.5 for n, p in ac.trainable("critic").items()}
+    ac.add_frozen_critic("snap", snapshot)
+    head = ac.frozen_heads["snap"]
+    assert head.weight.dtype == torch.float32 and not head.weight.requires_grad
+    assert torch.equal(head.weight, snapshot["value_head.weight"])  # the snapshot's head, not a new one
+    ac.value_head.to("meta")
+    ac.add_frozen_critic("snap2", snapshot)
+    assert ac.frozen_heads["snap2"].weight.device.type == "meta"

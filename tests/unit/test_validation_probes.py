@@ -1,10 +1,14 @@
-"""The validation stage's tensor digests: the raw bytes of any dtype the base model is held in."""
+"""The validation stage's tensor digests: the raw bytes of any dtype the base model is held in,
+and the base-tensor probes of a policy loaded in another dtype than its model file's."""
 
 import hashlib
+from pathlib import Path
 
+import pytest
 import torch
 
-from atlas.stages.validation import tensor_sha
+from atlas.checks.compact import CheckFailed
+from atlas.stages.validation import PROBED, base_tensor_probes, tensor_sha
 
 
 def test_a_bf16_tensor_digest_is_its_raw_bytes():
@@ -15,3 +19,36 @@ def test_a_bf16_tensor_digest_is_its_raw_bytes():
     assert tensor_sha(bumped) != tensor_sha(t)
     f = torch.arange(6, dtype=torch.float32)
     assert tensor_sha(f) == hashlib.sha256(f.numpy().tobytes()).hexdigest()
+
+
+def _base(dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The PROBED tensors of a float32 model file, and the policy's base parameters loaded from it
+    in `dtype` (as a GPU loads them: bf16), under peft's names (a LoRA-wrapped q_proj is a
+    base_layer)."""
+    g = torch.Generator().manual_seed(0)
+    on_disk = {name: torch.randn(4, 8, generator=g) for name in PROBED}
+    live = {
+        "base_model.model.model.embed_tokens.weight": on_disk["model.embed_tokens.weight"].to(dtype),
+        "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight": on_disk[
+            "model.layers.0.self_attn.q_proj.weight"
+        ].to(dtype),
+        "base_model.model.model.norm.weight": on_disk["model.norm.weight"].to(dtype),
+    }
+    return live, on_disk
+
+
+def test_base_tensors_loaded_in_bf16_from_a_float32_file_are_unchanged():
+    for dtype in (torch.float32, torch.bfloat16):
+        live, on_disk = _base(dtype)
+        probes = base_tensor_probes(live, on_disk, Path("m/model.safetensors"))
+        assert set(probes) == set(PROBED)
+        assert all(p["live"] == p["file"] == tensor_sha(on_disk[n].to(dtype)) for n, p in probes.items())
+
+
+def test_a_base_tensor_that_moved_is_named():
+    live, on_disk = _base(torch.bfloat16)
+    live["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"][1, 2] += 1.0
+    with pytest.raises(
+        CheckFailed, match=r"m/model.safetensors: base tensor model.layers.0.self_attn.q_proj"
+    ):
+        base_tensor_probes(live, on_disk, Path("m/model.safetensors"))

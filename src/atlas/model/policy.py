@@ -98,7 +98,9 @@ class ActorCritic(nn.Module):
         if set(critic) != set(own):
             missing, extra = sorted(set(own) - set(critic)), sorted(set(critic) - set(own))
             raise ValueError(f"critic snapshot tensors: missing {missing[:3]}, unexpected {extra[:3]}")
-        head = nn.Linear(self.value_head.in_features, 1, dtype=torch.float32)
+        head = nn.Linear(
+            self.value_head.in_features, 1, dtype=torch.float32, device=self.value_head.weight.device
+        )
         with torch.no_grad():
             params = dict(self.peft.named_parameters())
             for key, value in critic.items():

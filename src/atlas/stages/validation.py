@@ -64,6 +64,23 @@ def tensor_sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
+def base_tensor_probes(
+    base: dict[str, torch.Tensor], on_disk: dict[str, torch.Tensor], model_file: Path
+) -> dict:
+    """The sha256 of each PROBED base tensor, live (`base`: the policy's base parameters) and as
+    `model_file` holds it, in the dtype the policy loaded it in (bf16 on a GPU from a float32
+    file): equal, or CheckFailed naming the tensor."""
+    out = {}
+    for name in PROBED:
+        live = base.get(f"base_model.model.{name}")
+        if live is None:
+            live = base[next(n for n in base if n.endswith(name.replace(".weight", ".base_layer.weight")))]
+        out[name] = {"live": tensor_sha(live), "file": tensor_sha(on_disk[name].to(live.dtype))}
+        if out[name]["live"] != out[name]["file"]:
+            raise CheckFailed(f"{model_file}: base tensor {name} changed in the policy")
+    return out
+
+
 def final_answer(ep) -> str:
     submits = [r for r in ep.records if r.tool == "submit"]
     return submits[-1].arguments if submits else ""
@@ -99,14 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         if changed == 0:
             raise CheckFailed(f"{path}: no actor LoRA tensor differs from its initial value")
     policy_model = ac.peft
-    base = dict(ac.base_parameters())
-    for name in PROBED:
-        live = base[f"base_model.model.{name}"] if f"base_model.model.{name}" in base else None
-        if live is None:
-            live = base[next(n for n in base if n.endswith(name.replace(".weight", ".base_layer.weight")))]
-        probes["base_tensors"][name] = {"live": tensor_sha(live), "file": tensor_sha(on_disk[name])}
-        if probes["base_tensors"][name]["live"] != probes["base_tensors"][name]["file"]:
-            raise CheckFailed(f"{args.model / 'model.safetensors'}: base tensor {name} changed in the policy")
+    probes["base_tensors"] = base_tensor_probes(
+        dict(ac.base_parameters()), on_disk, args.model / "model.safetensors"
+    )
 
     ctx = ac.peft.disable_adapter() if args.policy == "base" else torch.no_grad()
     rt = make_runtime(policy_model, tokenizer, runtime)
