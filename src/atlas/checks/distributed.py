@@ -50,7 +50,7 @@ ATOL, RTOL = 1e-6, 1e-5
 def fixed_batch(trajectories: Path, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [rows, T], sampled mask [rows, T] and score [rows]: the first training trajectories,
     cut to the shortest so no padding enters the comparison."""
-    table = [r for r in pq.read_table(trajectories).to_pylist() if r["phase"] == "train"][:rows]
+    table = [r for r in pq.ParquetFile(trajectories).read().to_pylist() if r["phase"] == "train"][:rows]
     width = min(len(r["token_ids"]) for r in table)
     ids = torch.tensor([r["token_ids"][:width] for r in table])
     sampled = torch.tensor([r["sampled"][:width] for r in table], dtype=torch.float32)

@@ -29,7 +29,7 @@ from atlas.rl.checkpoint import load_compact, load_trainable, save_compact, save
 
 def probe_batch(trajectories: Path, rows: int = 2) -> torch.Tensor:
     """The first `rows` training trajectories of the run, cut to the shortest: [rows, T] ids."""
-    table = pq.read_table(trajectories).to_pylist()
+    table = pq.ParquetFile(trajectories).read().to_pylist()
     picked = [r["token_ids"] for r in table if r["phase"] == "train"][:rows]
     width = min(len(ids) for ids in picked)
     return torch.tensor([ids[:width] for ids in picked])

@@ -138,7 +138,7 @@ def write_table(path: Path, rows: list[dict], schema: pa.Schema) -> None:
 
 
 def _concat(paths: list[Path], schema: pa.Schema) -> pa.Table:
-    tables = [pq.read_table(p).cast(schema) for p in paths]
+    tables = [pq.ParquetFile(p).read().cast(schema) for p in paths]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 

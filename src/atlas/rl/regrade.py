@@ -53,7 +53,7 @@ def regrade_folder(
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; the journal of a finished step always has it")
     code = CodeBounds.of(runtime)
-    rows = [r for r in pq.read_table(path).to_pylist() if r["tool_status"] != "refused"]
+    rows = [r for r in pq.ParquetFile(path).read().to_pylist() if r["tool_status"] != "refused"]
 
     def again(r: dict):
         uid = r["question_uid"]

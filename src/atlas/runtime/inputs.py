@@ -43,13 +43,13 @@ def training_inputs(args) -> list[Path]:
 
 
 def read_questions(path: str | Path) -> list[dict]:
-    return pq.read_table(path).to_pylist()
+    return pq.ParquetFile(path).read().to_pylist()
 
 
 def read_tests(path: str | Path) -> dict[str, list[tuple[TestCase, str]]]:
     """question_uid -> [(test, "public" | "private")], public tests first, each in file order."""
     by_uid: dict[str, list[tuple[int, int, TestCase, str]]] = defaultdict(list)
-    for r in pq.read_table(path).to_pylist():
+    for r in pq.ParquetFile(path).read().to_pylist():
         order = 0 if r["visibility"] == "public" else 1
         by_uid[r["question_uid"]].append(
             (order, r["index"], TestCase(r["testtype"], r["input"], r["output"]), r["visibility"])

@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     index = read_json(folder / "checkpoints.json")
     verify_index(index)
     base_names = {n for n, _ in AutoModelForCausalLM.from_pretrained(args.model).named_parameters()}
-    metrics = [json.loads(json.dumps(m)) for m in pq.read_table(folder / "step_metrics.parquet").to_pylist()]
+    metrics = [
+        json.loads(json.dumps(m)) for m in pq.ParquetFile(folder / "step_metrics.parquet").read().to_pylist()
+    ]
     by_step = {m["step"]: m for m in metrics}
     ids = probe_batch(folder / "trajectories.parquet")
 
@@ -160,8 +162,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{folder / 'adapters/actor'}: exported actor log-probs differ by {gap} from the last checkpoint's"
         )
     batches = batch_math(
-        pq.read_table(folder / "records.parquet").to_pylist(),
-        pq.read_table(folder / "trajectories.parquet").to_pylist(),
+        pq.ParquetFile(folder / "records.parquet").read().to_pylist(),
+        pq.ParquetFile(folder / "trajectories.parquet").read().to_pylist(),
         steps=sl.run.steps,
         questions=sl.schedule.questions_per_step,
         responses=training.responses_per_question,
