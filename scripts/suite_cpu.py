@@ -1,0 +1,86 @@
+"""Where the test suite's CPU goes: every Python process it starts, by kind, with its own CPU time.
+
+    python scripts/suite_cpu.py [PYTEST ARGS ...]      # default: -p no:cacheprovider (a cold run)
+
+For the length of one `python -m pytest` run, a `sitecustomize` module in this environment's
+site-packages records each Python process's CPU time (its own, not its children's) when it ends,
+also through `os._exit` (how the stages end), into a log; the table groups the processes by kind
+(a stage module, Snakemake, torchrun, the pytest workers, `atlas grade`). Processes killed by a
+signal write nothing, and graded programs run in the sandbox's interpreter, so the table's total
+is a little below the run's CPU time, which /usr/bin/time around this command gives.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import site
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HOOK = """
+import os, resource, sys, atexit
+_log = os.environ.get("ATLAS_SUITE_CPU_LOG")
+if _log:
+    def _record():
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        argv = " ".join(sys.argv).replace("\\t", " ").replace("\\n", " ")[:300]
+        line = "%.3f\\t%s\\n" % (ru.ru_utime + ru.ru_stime, argv)
+        try:
+            fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            os.write(fd, line.encode())
+            os.close(fd)
+        except OSError:
+            pass
+    _exit = os._exit
+    def _recorded_exit(code, _exit=_exit):
+        _record()
+        _exit(code)
+    os._exit = _recorded_exit
+    atexit.register(_record)
+"""
+
+
+def kind(argv: str) -> str:
+    if m := re.search(r"stages[/.](\w+)", argv):
+        return f"stage {m.group(1)}"
+    if "snakemake" in argv.split(" -")[0] or "-m snakemake" in argv:
+        return "snakemake -n" if re.search(r"(^| )-n( |$)", argv) else "snakemake"
+    if "torch/distributed/run" in argv or "torchrun" in argv:
+        return "torchrun"
+    if "__main__.py grade" in argv:
+        return "atlas grade"
+    if argv.startswith("-c") or "pytest" in argv:
+        return "pytest (workers, planners, helpers)"
+    return argv[:50]
+
+
+def main(argv: list[str]) -> int:
+    hook = Path(site.getsitepackages()[0]) / "sitecustomize.py"
+    if hook.exists():
+        raise SystemExit(f"{hook} exists: this script installs its own there for one run")
+    log = Path(tempfile.mkdtemp(prefix="suite-cpu-")) / "processes.tsv"
+    hook.write_text(HOOK, encoding="utf-8")
+    try:
+        args = argv or ["-p", "no:cacheprovider"]
+        env = {**os.environ, "ATLAS_SUITE_CPU_LOG": str(log)}
+        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", *args], env=env).returncode
+    finally:
+        hook.unlink()
+    by_kind: dict[str, list[float]] = collections.defaultdict(list)
+    for line in log.read_text(encoding="utf-8").splitlines():
+        cpu, _, command = line.partition("\t")
+        by_kind[kind(command)].append(float(cpu))
+    total = sum(map(sum, by_kind.values()))
+    print(f"\n{'processes':>9} {'cpu s':>8} {'share':>6}  kind")
+    for name, cpus in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{len(cpus):>9} {sum(cpus):>8.1f} {sum(cpus) / total:>6.1%}  {name}")
+    print(f"{sum(map(len, by_kind.values())):>9} {total:>8.1f}         recorded ({log})")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
