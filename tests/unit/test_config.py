@@ -173,3 +173,20 @@ def test_a_config_laid_over_another_merges_nested_mappings_key_by_key():
     }
     assert base["training"]["ppo"]["epochs"] == 1 and "runs" not in base["training"]  # unchanged
     assert merged({"a": {"b": 1}}, {"a": 5}) == {"a": 5}  # a scalar over a mapping replaces it
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (REPO / "config").glob("*.yaml") if p.name != "config.yaml")
+)
+def test_every_shipped_config_parses_over_the_embedded_default(name):
+    """Each config/*.yaml, merged over config/config.yaml as --configfile merges it, is a valid
+    config; the GPU ones ask for CUDA."""
+    from atlas.config import merged
+
+    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
+    overlay = yaml.safe_load((REPO / "config" / name).read_text(encoding="utf-8"))
+    cfg = parse_config(merged(base, overlay), f"config/{name}")
+    assert cfg.resources.device == "cuda", name
+    if name == "h200-tiny.yaml":  # the embedded default, only on a GPU
+        assert cfg.model.tiny is not None and cfg.training.engine == "local"
+        assert cfg.training.wandb_mode == "disabled" and cfg.resources.gpus == 1
