@@ -70,6 +70,9 @@ def main(argv: list[str]) -> int:
         rc = subprocess.run([sys.executable, "-m", "pytest", "-q", *args], env=env).returncode
     finally:
         hook.unlink()
+    if not log.exists():
+        print(f"no process recorded its CPU time in {log}", file=sys.stderr)
+        return rc or 1
     by_kind: dict[str, list[float]] = collections.defaultdict(list)
     for line in log.read_text(encoding="utf-8").splitlines():
         cpu, _, command = line.partition("\t")
