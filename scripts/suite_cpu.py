@@ -2,10 +2,11 @@
 
     python scripts/suite_cpu.py [PYTEST ARGS ...]      # default: -p no:cacheprovider (a cold run)
 
-For the length of one `python -m pytest` run, a `sitecustomize` module in this environment's
-site-packages records each Python process's CPU time (its own, not its children's) when it ends,
-also through `os._exit` (how the stages end), into a log; the table groups the processes by kind
-(a stage module, Snakemake, torchrun, the pytest workers, `atlas grade`). Processes killed by a
+For the length of one `python -m pytest` run, a `.pth` file in this environment's site-packages
+imports a hook module that records each Python process's CPU time (its own, not its children's)
+when it ends, also through `os._exit` (how the stages end), into a log; the table groups the
+processes by kind (a stage module, Snakemake, a torchrun launcher, the pytest workers, `atlas
+grade`). Processes killed by a
 signal write nothing, and graded programs run in the sandbox's interpreter, so the table's total
 is a little below the run's CPU time, which /usr/bin/time around this command gives.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import collections
 import os
 import re
+import signal
 import site
 import subprocess
 import sys
@@ -45,12 +47,12 @@ if _log:
 
 
 def kind(argv: str) -> str:
+    if "torch/distributed/run" in argv or "torchrun" in argv.split(" -m ")[0]:
+        return "torchrun (the launcher)"
     if m := re.search(r"stages[/.](\w+)", argv):
         return f"stage {m.group(1)}"
     if "snakemake" in argv.split(" -")[0] or "-m snakemake" in argv:
         return "snakemake -n" if re.search(r"(^| )-n( |$)", argv) else "snakemake"
-    if "torch/distributed/run" in argv or "torchrun" in argv:
-        return "torchrun"
     if "__main__.py grade" in argv:
         return "atlas grade"
     if argv.startswith("-c") or "pytest" in argv:
@@ -58,18 +60,32 @@ def kind(argv: str) -> str:
     return argv[:50]
 
 
+NAME = "atlas_suite_cpu_hook"
+
+
 def main(argv: list[str]) -> int:
-    hook = Path(site.getsitepackages()[0]) / "sitecustomize.py"
-    if hook.exists():
-        raise SystemExit(f"{hook} exists: this script installs its own there for one run")
+    packages = Path(site.getsitepackages()[0])
+    hook, pth = packages / f"{NAME}.py", packages / f"{NAME}.pth"
+    if hook.exists() and hook.read_text(encoding="utf-8") != HOOK:
+        raise SystemExit(f"{hook} exists and is not this script's hook")
     log = Path(tempfile.mkdtemp(prefix="suite-cpu-")) / "processes.tsv"
+    # a .pth line that starts with `import` runs at every interpreter's start, before any
+    # sitecustomize (which a system Python may ship, and which would shadow one of ours)
     hook.write_text(HOOK, encoding="utf-8")
+    pth.write_text(f"import {NAME}\n", encoding="utf-8")
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)  # the hook comes out on these too, not only on Ctrl-C
     try:
         args = argv or ["-p", "no:cacheprovider"]
         env = {**os.environ, "ATLAS_SUITE_CPU_LOG": str(log)}
         rc = subprocess.run([sys.executable, "-m", "pytest", "-q", *args], env=env).returncode
     finally:
-        hook.unlink()
+        pth.unlink(missing_ok=True)
+        hook.unlink(missing_ok=True)
     if not log.exists():
         print(f"no process recorded its CPU time in {log}", file=sys.stderr)
         return rc or 1

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from atlas.checks.compact import CheckFailed, compact_checkpoint_validation
-from atlas.checks.roundtrip import policy_roundtrip, same_metrics
+from atlas.checks.roundtrip import metric_rel_tol, policy_roundtrip, same_metrics
 from atlas.config import TrainingConfig
 from atlas.model.policy import ROLES, ActorCritic
 from atlas.rl.checkpoint import save_trainable
@@ -158,6 +158,8 @@ def test_resumed_metrics_on_a_gpu_match_within_the_tolerance_only(capsys):
         same_metrics({**on_gpu, "critic/grad_norm": 10.6}, logged, "x", rel_tol=1e-4)
     with pytest.raises(CheckFailed, match="metric actor/kl is 2e-06"):  # near 0: 1e-6 absolute
         same_metrics({**on_gpu, "actor/kl": 2e-6}, logged, "x", rel_tol=1e-4)
+    # the checks take the tolerance from the policy's device: exact on a CPU
+    assert metric_rel_tol(torch.device("cpu")) == 0.0 and metric_rel_tol(torch.device("cuda", 0)) == 1e-4
 
 
 def test_the_exported_actor_reproduces_its_checkpoint_and_no_other(tiny_model, tmp_path):

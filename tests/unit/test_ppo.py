@@ -51,7 +51,7 @@ def test_mean_reward_rises_within_eight_cpu_steps(tiny_model):
         metrics = ppo_update(ac, batch, opts, ppo)
         gaps.append(metrics["rollout/logprob_gap_max"])
     assert means[0] <= 0.5, means  # a random policy picks A about a quarter of the time
-    assert sum(means[-3:]) / 3 >= 0.7, means  # seen: 0.25 0.38 0.38 0.44 0.75 0.75 0.81 0.69
+    assert sum(means[-3:]) / 3 >= 0.65, means  # seen: 0.25 0.38 0.38 0.44 0.75 0.75 0.81 0.69
     assert max(gaps) < 1e-4, gaps  # old log-probs under replayed masks = rollout log-probs
     assert all(torch.equal(p, base_before[n]) for n, p in ac.base_parameters())  # base never moves
 

@@ -34,7 +34,6 @@ import hashlib
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -42,6 +41,7 @@ from transformers import AutoModelForCausalLM
 
 from atlas.checks.roundtrip import next_token_logprobs
 from atlas.config import TrainingConfig
+from atlas.contracts.parquet import read_table
 from atlas.model.policy import ROLES, ActorCritic
 
 ATOL, RTOL = 1e-6, 1e-5
@@ -50,7 +50,7 @@ ATOL, RTOL = 1e-6, 1e-5
 def fixed_batch(trajectories: Path, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [rows, T], sampled mask [rows, T] and score [rows]: the first training trajectories,
     cut to the shortest so no padding enters the comparison."""
-    table = [r for r in pq.ParquetFile(trajectories).read().to_pylist() if r["phase"] == "train"][:rows]
+    table = [r for r in read_table(trajectories).to_pylist() if r["phase"] == "train"][:rows]
     width = min(len(r["token_ids"]) for r in table)
     ids = torch.tensor([r["token_ids"][:width] for r in table])
     sampled = torch.tensor([r["sampled"][:width] for r in table], dtype=torch.float32)

@@ -18,18 +18,18 @@ import math
 import tempfile
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file
 
 from atlas.checks.compact import CheckFailed
+from atlas.contracts.parquet import read_table
 from atlas.model.policy import ROLES, ActorCritic
 from atlas.rl.checkpoint import load_compact, load_trainable, save_compact, save_trainable
 
 
 def probe_batch(trajectories: Path, rows: int = 2) -> torch.Tensor:
     """The first `rows` training trajectories of the run, cut to the shortest: [rows, T] ids."""
-    table = pq.ParquetFile(trajectories).read().to_pylist()
+    table = read_table(trajectories).to_pylist()
     picked = [r["token_ids"] for r in table if r["phase"] == "train"][:rows]
     width = min(len(ids) for ids in picked)
     return torch.tensor([ids[:width] for ids in picked])
@@ -77,6 +77,11 @@ def measured(name: str) -> bool:
 # A resumed step's metrics on a GPU: float32 reductions that run in another order from one process
 # to the next, so equal only to about 1e-7 relative (3e-5 seen on an H200, resources/runs/).
 GPU_METRIC_REL_TOL = 1e-4
+
+
+def metric_rel_tol(device: torch.device) -> float:
+    """The relative tolerance of a resumed step's metrics on `device`: 0 (equal) but on CUDA."""
+    return GPU_METRIC_REL_TOL if device.type == "cuda" else 0.0
 
 
 def same_metrics(
@@ -131,7 +136,7 @@ def cpu_roundtrip(
     if next_metrics is not None:
         load_compact(folder, a.ac, a.optimizers, a.schedulers)  # the RNGs as saved, again
         _, metrics = train_step(a, step)
-        tol = GPU_METRIC_REL_TOL if policy_device(a.ac).type == "cuda" else 0.0
+        tol = metric_rel_tol(policy_device(a.ac))
         resumed = same_metrics(metrics, next_metrics, f"{folder}: resuming into step {step}", tol)
     return _record(step, folder, checked, ids, resumed)
 

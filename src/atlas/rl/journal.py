@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from atlas.contracts import runs
+from atlas.contracts.parquet import read_table
 from atlas.contracts.records import RECORD_SCHEMA, TRAJECTORY_SCHEMA
 from atlas.hashing import (
     MANIFEST,
@@ -138,7 +139,7 @@ def write_table(path: Path, rows: list[dict], schema: pa.Schema) -> None:
 
 
 def _concat(paths: list[Path], schema: pa.Schema) -> pa.Table:
-    tables = [pq.ParquetFile(p).read().cast(schema) for p in paths]
+    tables = [read_table(p).cast(schema) for p in paths]
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 

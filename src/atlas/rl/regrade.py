@@ -23,9 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from atlas.config import GraderConfig, RuntimeConfig
+from atlas.contracts.parquet import read_table
 from atlas.hashing import aside_path, atomic_write_json, sha256_bytes
 from atlas.rl.journal import step_dir, val_dir
 from atlas.runtime.execute import execute_call
@@ -53,7 +52,7 @@ def regrade_folder(
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; the journal of a finished step always has it")
     code = CodeBounds.of(runtime)
-    rows = [r for r in pq.ParquetFile(path).read().to_pylist() if r["tool_status"] != "refused"]
+    rows = [r for r in read_table(path).to_pylist() if r["tool_status"] != "refused"]
 
     def again(r: dict):
         uid = r["question_uid"]

@@ -6,8 +6,7 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
+from atlas.contracts.parquet import read_table
 from atlas.data.schema import TestCase
 from atlas.hashing import is_bookkeeping
 from atlas.stage import stage_parser
@@ -43,13 +42,13 @@ def training_inputs(args) -> list[Path]:
 
 
 def read_questions(path: str | Path) -> list[dict]:
-    return pq.ParquetFile(path).read().to_pylist()
+    return read_table(path).to_pylist()
 
 
 def read_tests(path: str | Path) -> dict[str, list[tuple[TestCase, str]]]:
     """question_uid -> [(test, "public" | "private")], public tests first, each in file order."""
     by_uid: dict[str, list[tuple[int, int, TestCase, str]]] = defaultdict(list)
-    for r in pq.ParquetFile(path).read().to_pylist():
+    for r in read_table(path).to_pylist():
         order = 0 if r["visibility"] == "public" else 1
         by_uid[r["question_uid"]].append(
             (order, r["index"], TestCase(r["testtype"], r["input"], r["output"]), r["visibility"])

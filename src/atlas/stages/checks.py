@@ -31,7 +31,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
@@ -55,6 +54,7 @@ from atlas.checks.roundtrip import (
     probes,
 )
 from atlas.config import ChecksSlice
+from atlas.contracts.parquet import read_table
 from atlas.hashing import atomic_dir, atomic_write_json, is_bookkeeping, write_manifest
 from atlas.model.liger import applied, apply_liger
 from atlas.rl.checkpoint import load_trainable
@@ -120,9 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     index = read_json(folder / "checkpoints.json")
     verify_index(index)
     base_names = {n for n, _ in AutoModelForCausalLM.from_pretrained(args.model).named_parameters()}
-    metrics = [
-        json.loads(json.dumps(m)) for m in pq.ParquetFile(folder / "step_metrics.parquet").read().to_pylist()
-    ]
+    metrics = [json.loads(json.dumps(m)) for m in read_table(folder / "step_metrics.parquet").to_pylist()]
     by_step = {m["step"]: m for m in metrics}
     ids = probe_batch(folder / "trajectories.parquet")
 
@@ -162,8 +160,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{folder / 'adapters/actor'}: exported actor log-probs differ by {gap} from the last checkpoint's"
         )
     batches = batch_math(
-        pq.ParquetFile(folder / "records.parquet").read().to_pylist(),
-        pq.ParquetFile(folder / "trajectories.parquet").read().to_pylist(),
+        read_table(folder / "records.parquet").to_pylist(),
+        read_table(folder / "trajectories.parquet").to_pylist(),
         steps=sl.run.steps,
         questions=sl.schedule.questions_per_step,
         responses=training.responses_per_question,
