@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from atlas.checks.compact import CheckFailed
 from atlas.stages.validation import PROBED, base_tensor_probes, tensor_sha
@@ -21,12 +22,13 @@ def test_a_bf16_tensor_digest_is_its_raw_bytes():
     assert tensor_sha(f) == hashlib.sha256(f.numpy().tobytes()).hexdigest()
 
 
-def _base(dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The PROBED tensors of a float32 model file, and the policy's base parameters loaded from it
-    in `dtype` (as a GPU loads them: bf16), under peft's names (a LoRA-wrapped q_proj is a
-    base_layer)."""
+def _base(dtype: torch.dtype, folder: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """A float32 model file holding the PROBED tensors (and one more), and the policy's base
+    parameters loaded from it in `dtype` (as a GPU loads them: bf16), under peft's names (a
+    LoRA-wrapped q_proj is a base_layer)."""
     g = torch.Generator().manual_seed(0)
-    on_disk = {name: torch.randn(4, 8, generator=g) for name in PROBED}
+    on_disk = {name: torch.randn(4, 8, generator=g) for name in (*PROBED, "lm_head.weight")}
+    save_file(on_disk, str(folder / "model.safetensors"))
     live = {
         "base_model.model.model.embed_tokens.weight": on_disk["model.embed_tokens.weight"].to(dtype),
         "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight": on_disk[
@@ -34,21 +36,20 @@ def _base(dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], dict[str, torch.
         ].to(dtype),
         "base_model.model.model.norm.weight": on_disk["model.norm.weight"].to(dtype),
     }
-    return live, on_disk
+    return live, folder / "model.safetensors"
 
 
-def test_base_tensors_loaded_in_bf16_from_a_float32_file_are_unchanged():
+def test_base_tensors_loaded_in_bf16_from_a_float32_file_are_unchanged(tmp_path):
     for dtype in (torch.float32, torch.bfloat16):
-        live, on_disk = _base(dtype)
-        probes = base_tensor_probes(live, on_disk, Path("m/model.safetensors"))
+        live, model_file = _base(dtype, tmp_path)
+        probes = base_tensor_probes(live, model_file)
         assert set(probes) == set(PROBED)
+        on_disk = load_file(str(model_file))
         assert all(p["live"] == p["file"] == tensor_sha(on_disk[n].to(dtype)) for n, p in probes.items())
 
 
-def test_a_base_tensor_that_moved_is_named():
-    live, on_disk = _base(torch.bfloat16)
+def test_a_base_tensor_that_moved_is_named(tmp_path):
+    live, model_file = _base(torch.bfloat16, tmp_path)
     live["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"][1, 2] += 1.0
-    with pytest.raises(
-        CheckFailed, match=r"m/model.safetensors: base tensor model.layers.0.self_attn.q_proj"
-    ):
-        base_tensor_probes(live, on_disk, Path("m/model.safetensors"))
+    with pytest.raises(CheckFailed, match=rf"{model_file}: base tensor model.layers.0.self_attn.q_proj"):
+        base_tensor_probes(live, model_file)

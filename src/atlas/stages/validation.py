@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from atlas.checks.compact import CheckFailed
@@ -64,20 +65,21 @@ def tensor_sha(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def base_tensor_probes(
-    base: dict[str, torch.Tensor], on_disk: dict[str, torch.Tensor], model_file: Path
-) -> dict:
+def base_tensor_probes(base: dict[str, torch.Tensor], model_file: Path) -> dict:
     """The sha256 of each PROBED base tensor, live (`base`: the policy's base parameters) and as
     `model_file` holds it, in the dtype the policy loaded it in (bf16 on a GPU from a float32
-    file): equal, or CheckFailed naming the tensor."""
+    file): equal, or CheckFailed naming the tensor. Only the probed tensors are read."""
     out = {}
-    for name in PROBED:
-        live = base.get(f"base_model.model.{name}")
-        if live is None:
-            live = base[next(n for n in base if n.endswith(name.replace(".weight", ".base_layer.weight")))]
-        out[name] = {"live": tensor_sha(live), "file": tensor_sha(on_disk[name].to(live.dtype))}
-        if out[name]["live"] != out[name]["file"]:
-            raise CheckFailed(f"{model_file}: base tensor {name} changed in the policy")
+    with safe_open(str(model_file), framework="pt") as f:
+        for name in PROBED:
+            live = base.get(f"base_model.model.{name}")
+            if live is None:
+                live = base[
+                    next(n for n in base if n.endswith(name.replace(".weight", ".base_layer.weight")))
+                ]
+            out[name] = {"live": tensor_sha(live), "file": tensor_sha(f.get_tensor(name).to(live.dtype))}
+            if out[name]["live"] != out[name]["file"]:
+                raise CheckFailed(f"{model_file}: base tensor {name} changed in the policy")
     return out
 
 
@@ -95,7 +97,6 @@ def main(argv: list[str] | None = None) -> None:
     sl = ValidationSlice.model_validate(s)
     runtime, graders, resources, training = sl.runtime, sl.graders, sl.resources, sl.training
     model, tokenizer = load_model(args.model, resources.device)
-    on_disk = load_file(str(args.model / "model.safetensors"))
     probes: dict = {"base_tensors": {}}
 
     ac = ActorCritic(model, training, seed=sl.seed).to(resources.device)
@@ -116,9 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         if changed == 0:
             raise CheckFailed(f"{path}: no actor LoRA tensor differs from its initial value")
     policy_model = ac.peft
-    probes["base_tensors"] = base_tensor_probes(
-        dict(ac.base_parameters()), on_disk, args.model / "model.safetensors"
-    )
+    probes["base_tensors"] = base_tensor_probes(dict(ac.base_parameters()), args.model / "model.safetensors")
 
     ctx = ac.peft.disable_adapter() if args.policy == "base" else torch.no_grad()
     rt = make_runtime(policy_model, tokenizer, runtime)
