@@ -28,6 +28,16 @@ def _module_path(src: Path, name: str) -> Path | None:
     return None
 
 
+def _statements(nodes: list[ast.AST]):
+    """Every statement in `nodes` and in the blocks nested in them (function and class bodies,
+    branches, handlers, match cases). An import is a statement, so expressions, most of a
+    module's nodes, need not be visited."""
+    for node in nodes:
+        yield node
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+            yield from _statements(getattr(node, block, ()))
+
+
 @cache
 def _imports(src: Path, name: str, path: Path) -> frozenset[str]:
     """Names of the `atlas` modules that `path` (module `name`) imports. Read once per process,
@@ -35,7 +45,7 @@ def _imports(src: Path, name: str, path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

@@ -26,12 +26,13 @@ def measured(df: pl.DataFrame) -> pl.DataFrame:
 # step before it.
 DIE_AFTER_FIRST_SAVE = """
 import os, signal, sys
+import atlas.rl.checkpoint as checkpoint
 import atlas.stages.train as stage
-real = stage.save_compact
+real = checkpoint.save_compact
 def save_then_die(*args, **kwargs):
     real(*args, **kwargs)
     os.kill(os.getpid(), signal.SIGKILL)
-stage.save_compact = save_then_die
+checkpoint.save_compact = save_then_die  # the stage imports it when it runs
 sys.argv = ["atlas.stages.train", *sys.argv[1:]]
 stage.run(stage.main)
 """

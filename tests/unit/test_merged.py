@@ -70,3 +70,22 @@ def test_refresh_follows_an_update_in_place(ac):
 def test_an_unknown_adapter_is_named(ac):
     with pytest.raises(ValueError, match="no LoRA adapter 'policy'"):
         MergedModel(ac.peft, "policy")
+
+
+@pytest.mark.parametrize("setting", [True, False, "auto"])
+def test_rollouts_sample_from_the_copy_the_config_names(ac, tiny_model, setting):
+    """rollout_runtime, the one choice of the trainer and the dose step: the merged copy when
+    training.merged_rollouts says so (auto: on a GPU only), else the adapters."""
+    from transformers import AutoTokenizer
+
+    from atlas.config import RuntimeConfig
+    from atlas.rl.step import rollout_runtime
+
+    training = TRAINING.model_copy(update={"merged_rollouts": setting})
+    rt, merged = rollout_runtime(
+        ac, AutoTokenizer.from_pretrained(tiny_model), training, RuntimeConfig(), "cpu"
+    )
+    if setting is True:
+        assert isinstance(merged, MergedModel) and rt.engine.model is merged.model
+    else:
+        assert merged is None and rt.engine.model is ac.peft

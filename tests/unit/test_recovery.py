@@ -186,3 +186,46 @@ def test_a_job_dies_with_the_process_that_started_it(tmp_path, through_shell):
     if survived:  # leave nothing running behind a failed test
         os.kill(child, signal.SIGKILL)
     assert not survived
+
+
+# The training stage in a fresh interpreter, up to its refusal: which of the libraries it had loaded.
+REFUSED = """
+import sys
+from atlas.errors import InputError
+import atlas.stages.train as stage
+try:
+    stage.main(sys.argv[1:])
+except InputError as err:
+    print(err)
+    print(sorted({"torch", "transformers", "peft"} & set(sys.modules)))
+"""
+
+
+def test_training_refuses_a_second_writer_before_it_loads_torch(tmp_path, data_dir, tiny_model):
+    """A second writer is named at once: the stage takes the run's lock before torch,
+    transformers and peft load (about 5 s of CPU), and writes nothing."""
+    import fcntl
+
+    from atlas.config import config_slice, load_config
+
+    s = config_slice(load_config(REPO / "config" / "config.yaml"), "training", "training_smoke")
+    root = tmp_path / "checkpoints" / "training_smoke"
+    args = ["--config-slice", json.dumps(s), "--checkpoints", str(root), "--out", str(tmp_path / "run")]
+    args += ["--model", str(tiny_model)]
+    for split in ("train", "val", "tests"):
+        args += [f"--{split}", str(data_dir / f"{split}.parquet")]
+    lock = lock_path(root)
+    lock.parent.mkdir(parents=True)
+    with open(lock, "w") as held:  # another writer's lock, held by this process
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+        proc = subprocess.run(
+            [sys.executable, "-c", REFUSED, *args], capture_output=True, text=True, timeout=120, cwd=REPO
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message, loaded = proc.stdout.strip().splitlines()
+    assert f"run training_smoke is being written by pid {os.getpid()}, which holds this lock" in message
+    assert loaded == "[]"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+    assert [p.name for p in root.parent.iterdir()] == [lock.name]

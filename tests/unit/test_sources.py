@@ -36,3 +36,26 @@ def test_imports_inside_functions_and_relative_imports_count(tmp_path):
         "atlas/sub/stage.py",
         "atlas/util.py",
     ]
+
+
+def test_an_import_in_any_block_counts(tmp_path):
+    """Imports nested in every kind of block: a class's method, branches, loops, with, try's
+    handlers, else and finally, and match cases."""
+    pkg = tmp_path / "atlas"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    blocks = [f"m{i}" for i in range(11)]
+    for name in blocks:
+        (pkg / f"{name}.py").write_text("")
+    (pkg / "stage.py").write_text(
+        "class C:\n    def f(self):\n        import atlas.m0\n"
+        "if x:\n    import atlas.m1\nelse:\n    import atlas.m2\n"
+        "for _ in y:\n    pass\nelse:\n    from atlas import m3\n"
+        "while z:\n    from atlas import m4\n"
+        "with open(p) as f:\n    from atlas import m5\n"
+        "try:\n    from atlas import m6\nexcept ImportError:\n    from atlas import m7\n"
+        "else:\n    from atlas import m8\nfinally:\n    from atlas import m9\n"
+        "match v:\n    case 1:\n        from atlas import m10\n"
+    )
+    files = module_files("atlas.stage", src=tmp_path, relative_to=tmp_path)
+    assert files == sorted(["atlas/__init__.py", "atlas/stage.py", *(f"atlas/{m}.py" for m in blocks)])

@@ -74,6 +74,15 @@ def rollout_model(ac: ActorCritic, training: TrainingConfig, device: str) -> Mer
     return MergedModel(ac.peft, "actor") if on else None
 
 
+def rollout_runtime(
+    ac: ActorCritic, tokenizer, training: TrainingConfig, runtime: RuntimeConfig, device: str
+) -> tuple[Runtime, MergedModel | None]:
+    """The runtime rollouts sample through, and the merged serving copy it samples from (None:
+    through the adapters), as rollout_model chooses."""
+    merged = rollout_model(ac, training, device)
+    return make_runtime(ac.peft if merged is None else merged.model, tokenizer, runtime), merged
+
+
 def build_potential(cfg: RunConfig, ac: ActorCritic, snapshot: Path | None):
     """The run's Phi. Factories receive the trainer's context and take what they need."""
     if cfg.potential == "critic_snapshot" and snapshot is None:
@@ -148,7 +157,7 @@ def open_session(sl: TrainSlice, args, ranks: Ranks | None = None) -> Session:
     ac, tokenizer = build_policy(args.model, training, seed, ranks.device(sl.resources.device))
     potential = build_potential(sl.run, ac, args.snapshot)
     optimizers = make_optimizers(ac, training.ppo)
-    merged = rollout_model(ac, training, sl.resources.device)
+    rt, merged = rollout_runtime(ac, tokenizer, training, runtime, sl.resources.device)
     return Session(
         name=sl.run.name,
         steps=sl.run.steps,
@@ -158,7 +167,7 @@ def open_session(sl: TrainSlice, args, ranks: Ranks | None = None) -> Session:
         training=training,
         run_cfg=sl.run,
         ac=ac,
-        rt=make_runtime(ac.peft if merged is None else merged.model, tokenizer, runtime),
+        rt=rt,
         potential=potential,
         optimizers=optimizers,
         schedulers=make_schedulers(optimizers, training.ppo, sl.run.steps),

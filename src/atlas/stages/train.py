@@ -17,6 +17,7 @@ under torchrun (atlas.rl.distributed); rank 0 writes the journal, checkpoints an
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -24,35 +25,42 @@ from tqdm import tqdm
 
 from atlas.config import TrainSlice
 from atlas.hashing import sha256_file
-from atlas.rl import distributed, journal, recovery, regrade, runlock, tracking
-from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, rng_state, save_compact
-from atlas.rl.distributed import Share
+from atlas.rl import journal, recovery, runlock, tracking
 from atlas.rl.journal import checkpoint_points, validation_points
-from atlas.rl.metrics import call_advantages
-from atlas.rl.sampler import DeviceSampler
-from atlas.rl.step import open_session, peak_memory, replay_journal, train_step, validation_log
 from atlas.runtime.inputs import training_inputs, training_parser
-from atlas.runtime.rollouts import check_protocol, episode_specs, rollout, validation_rows
 from atlas.stage import code_files, log, run
 
 MODULE = "atlas.stages.train"
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = training_parser(__doc__.splitlines()[0]).parse_args(argv)
+    args = training_parser(__doc__.splitlines()[0]).parse_args(argv)  # inputs checked against their manifests
     s = args.config_slice
     sl = TrainSlice.model_validate(s)
     name, training = sl.run.name, sl.training
     root = args.checkpoints
-    ranks = distributed.start(sl.resources)
-    if ranks.main:
+    lead = int(os.environ.get("RANK", "0")) == 0  # rank 0 under torchrun, or the one process
+    if lead:
         runlock.guard(root, name)  # one writer per run folder, dying with its parent
 
     # The working folder: same config and inputs -> keep (resume); else move the old work aside.
     fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in training_inputs(args)}}
-    digest = journal.open_root(root, fingerprint, training.resume_mode, name) if ranks.main else ""
-    if ranks.main and training.resume_mode == "auto":  # bad checkpoints aside: resume from the last good one
+    digest = journal.open_root(root, fingerprint, training.resume_mode, name) if lead else ""
+    if lead and training.resume_mode == "auto":  # bad checkpoints aside: resume from the last good one
         recovery.check_checkpoints(root, name)
+
+    # torch, transformers and peft load only now (about 5 s of CPU): a refused input, a second
+    # writer or a corrupt checkpoint is named before that.
+    from atlas.rl import distributed, regrade
+    from atlas.rl.checkpoint import checkpoint_steps, export_adapters, load_compact, rng_state, save_compact
+    from atlas.rl.distributed import Share
+    from atlas.rl.metrics import call_advantages
+    from atlas.rl.sampler import DeviceSampler
+    from atlas.rl.step import open_session, peak_memory, replay_journal, train_step, validation_log
+    from atlas.runtime.rollouts import check_protocol, episode_specs, rollout, validation_rows
+
+    ranks = distributed.start(sl.resources)
+    assert ranks.main == lead, (ranks.rank, os.environ.get("RANK"))
     ranks.barrier()
     sess = open_session(sl, args, ranks)
     steps = sess.steps
