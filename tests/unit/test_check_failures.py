@@ -158,6 +158,19 @@ def test_resumed_metrics_on_a_gpu_match_within_the_tolerance_only(capsys):
         same_metrics({**on_gpu, "critic/grad_norm": 10.6}, logged, "x", rel_tol=1e-4)
     with pytest.raises(CheckFailed, match="metric actor/kl is 2e-06"):  # near 0: 1e-6 absolute
         same_metrics({**on_gpu, "actor/kl": 2e-6}, logged, "x", rel_tol=1e-4)
+    # the gap between the rollout's and the update's log-probs moves with log-probs of order 1:
+    # compared within 1e-4 absolute (the H200's resumed value and the logged one, 1.0e-6 apart)
+    gap = {"rollout/logprob_gap_mean": 0.0013327865162864327, "rollout/logprob_gap_max": 0.0625}
+    resumed = {"rollout/logprob_gap_mean": 0.0013337965356186032, "rollout/logprob_gap_max": 0.0625}
+    assert same_metrics(resumed, gap, "x", rel_tol=1e-4) == 2
+    with pytest.raises(CheckFailed, match="rollout/logprob_gap_mean is 0.0013337965356186032"):
+        same_metrics(resumed, gap, "x")  # on a CPU: equal
+    with pytest.raises(CheckFailed, match="rollout/logprob_gap_mean is 0.0015"):
+        same_metrics({**resumed, "rollout/logprob_gap_mean": 0.0015}, gap, "x", rel_tol=1e-4)
+    # every metric that differs is named, not only the first
+    both = {**on_gpu, "critic/grad_norm": 10.6, "actor/kl": 2e-6}
+    with pytest.raises(CheckFailed, match=r"x: metric actor/kl is 2e-06 .*; metric critic/grad_norm is 10.6"):
+        same_metrics(both, logged, "x", rel_tol=1e-4)
     # the checks take the tolerance from the policy's device: exact on a CPU
     assert metric_rel_tol(torch.device("cpu")) == 0.0 and metric_rel_tol(torch.device("cuda", 0)) == 1e-4
 
