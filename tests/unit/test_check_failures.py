@@ -153,7 +153,9 @@ def test_resumed_metrics_on_a_gpu_match_within_the_tolerance_only(capsys):
         same_metrics(on_gpu, logged, "x")
     assert same_metrics(on_gpu, logged, "x", rel_tol=1e-4) == 2
     # grad_norm used 1.8e-7 / 1e-4 of its tolerance, kl 5e-9 / 1e-6
-    assert "x: 2 metrics within rel_tol 0.0001, using at most 0.005 of it" in capsys.readouterr().out
+    assert (
+        "x: 2 metrics within rel_tol 0.0001, using at most 0.005 of it (actor/kl)" in capsys.readouterr().out
+    )
     with pytest.raises(CheckFailed, match=r"metric critic/grad_norm is 10.6 after .* \(rel_tol 0.0001\)"):
         same_metrics({**on_gpu, "critic/grad_norm": 10.6}, logged, "x", rel_tol=1e-4)
     with pytest.raises(CheckFailed, match="metric actor/kl is 2e-06"):  # near 0: 1e-6 absolute

@@ -45,6 +45,7 @@ ROUNDTRIP_KEYS = {
     "probe_logprobs_equal",
     "probe_values_equal",
     "next_step_metrics_equal",
+    "next_step_metrics_rel_tol",
 }
 BATCH_KEYS = {
     "step",
@@ -102,9 +103,9 @@ def test_checks_records(pipeline, run, monkeypatch):
         # makes the roundtrip fail on changed probes, rounded and non-finite tensors.
         assert set(r) == ROUNDTRIP_KEYS and r["tensors_bit_equal"] == 2 * (2 * 7 * 2) + 2
         if r["step"] == 1:  # the first checkpoint is resumed from: every computed metric of step 1
-            assert r["next_step_metrics_equal"] > 40
+            assert r["next_step_metrics_equal"] > 40 and r["next_step_metrics_rel_tol"] == 0.0  # a CPU: equal
         else:
-            assert r["next_step_metrics_equal"] is None
+            assert r["next_step_metrics_equal"] is None and r["next_step_metrics_rel_tol"] is None
 
     batches = json.loads((folder / "batch_math.json").read_text())["steps"]
     assert len(batches) == steps

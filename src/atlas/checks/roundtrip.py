@@ -98,7 +98,7 @@ def same_metrics(
     for a metric near 0 (rel_tol for LOGPROB_DIFFERENCES), and the largest share of that
     tolerance a metric used is printed. Every metric that differs is named in one error."""
     keys = sorted(k for k in want if "/" in k and not measured(k))  # metrics, not run / step
-    used = 0.0  # of the tolerance, by the metric furthest from its logged value
+    used, furthest = 0.0, None  # the tolerance's share used by the metric furthest from its value
     differ = []
     for k in keys:
         a, b = got.get(k), want[k]
@@ -110,7 +110,9 @@ def same_metrics(
             continue
         floor = rel_tol if k.startswith(LOGPROB_DIFFERENCES) else rel_tol / 100
         if a is not None and rel_tol > 0 and math.isclose(a, b, rel_tol=rel_tol, abs_tol=floor):
-            used = max(used, abs(a - b) / max(rel_tol * abs(b), floor))
+            share = abs(a - b) / max(rel_tol * abs(b), floor)
+            if share > used:
+                used, furthest = share, k
             continue
         within = f" (rel_tol {rel_tol})" if rel_tol else ""
         differ.append(f"metric {k} is {a!r} after resuming, the run logged {b!r}{within}")
@@ -118,7 +120,8 @@ def same_metrics(
         raise CheckFailed(f"{where}: " + "; ".join(differ))
     if rel_tol > 0:
         print(
-            f"{where}: {len(keys)} metrics within rel_tol {rel_tol}, using at most {used:.2g} of it",
+            f"{where}: {len(keys)} metrics within rel_tol {rel_tol}, using at most {used:.2g} of it"
+            + (f" ({furthest})" if furthest else ""),
             flush=True,
         )
     return len(keys)
@@ -148,10 +151,12 @@ def cpu_roundtrip(
         _, metrics = train_step(a, step)
         tol = metric_rel_tol(policy_device(a.ac))
         resumed = same_metrics(metrics, next_metrics, f"{folder}: resuming into step {step}", tol)
-    return _record(step, folder, checked, ids, resumed)
+    return _record(step, folder, checked, ids, resumed, tol if resumed is not None else None)
 
 
-def _record(step: int, folder: Path, checked: int, ids: torch.Tensor, resumed: int | None) -> dict:
+def _record(
+    step: int, folder: Path, checked: int, ids: torch.Tensor, resumed: int | None, rel_tol: float | None
+) -> dict:
     """A checkpoint's cpu_roundtrip.json entry, once every check above it has passed."""
     return {
         "step": step,
@@ -163,6 +168,7 @@ def _record(step: int, folder: Path, checked: int, ids: torch.Tensor, resumed: i
         "probe_logprobs_equal": True,
         "probe_values_equal": True,
         "next_step_metrics_equal": resumed,  # number of metrics compared; None if not resumed
+        "next_step_metrics_rel_tol": rel_tol,  # how: 0.0 equal (a CPU), else within it (a GPU)
     }
 
 
@@ -196,7 +202,7 @@ def policy_roundtrip(fresh_policy, folder: Path, step: int, ids: torch.Tensor) -
         return b
 
     # no resumed step: verl resumes from its own checkpoints, not these
-    return _record(step, folder, _save_load_probes(a, folder, ids, save_load), ids, None)
+    return _record(step, folder, _save_load_probes(a, folder, ids, save_load), ids, None, None)
 
 
 def batch_math(records, trajectories, *, steps: int, questions: int, responses: int, ppo) -> list[dict]:
