@@ -203,7 +203,8 @@ except InputError as err:
 
 def test_training_refuses_a_second_writer_before_it_loads_torch(tmp_path, data_dir, tiny_model):
     """A second writer is named at once: the stage takes the run's lock before torch,
-    transformers and peft load (about 5 s of CPU), and writes nothing."""
+    transformers and peft load (about 5 s of CPU), and writes nothing. A RANK left in the
+    environment of one process (no WORLD_SIZE) does not make it skip the lock."""
     import fcntl
 
     from atlas.config import config_slice, load_config
@@ -220,8 +221,14 @@ def test_training_refuses_a_second_writer_before_it_loads_torch(tmp_path, data_d
         fcntl.flock(held, fcntl.LOCK_EX)
         held.write(f"{os.getpid()}\n")
         held.flush()
+        env = {**{k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}, "RANK": "3"}
         proc = subprocess.run(
-            [sys.executable, "-c", REFUSED, *args], capture_output=True, text=True, timeout=120, cwd=REPO
+            [sys.executable, "-c", REFUSED, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=env,
         )
     assert proc.returncode == 0, proc.stderr[-3000:]
     message, loaded = proc.stdout.strip().splitlines()

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     sl = TrainSlice.model_validate(s)
     name, training = sl.run.name, sl.training
     root = args.checkpoints
-    lead = int(os.environ.get("RANK", "0")) == 0  # rank 0 under torchrun, or the one process
+    # the one process, or rank 0 of torchrun's (atlas.rl.distributed.start reads the same variables)
+    lead = int(os.environ.get("WORLD_SIZE", "1")) == 1 or int(os.environ["RANK"]) == 0
     if lead:
         runlock.guard(root, name)  # one writer per run folder, dying with its parent
 
