@@ -145,13 +145,13 @@ def cpu_roundtrip(
         return b.ac
 
     checked = _save_load_probes(a.ac, folder, ids, save_load)
-    resumed = None
+    resumed = tol = None  # no resumed step: neither a count nor a tolerance
     if next_metrics is not None:
         load_compact(folder, a.ac, a.optimizers, a.schedulers)  # the RNGs as saved, again
         _, metrics = train_step(a, step)
         tol = metric_rel_tol(policy_device(a.ac))
         resumed = same_metrics(metrics, next_metrics, f"{folder}: resuming into step {step}", tol)
-    return _record(step, folder, checked, ids, resumed, tol if resumed is not None else None)
+    return _record(step, folder, checked, ids, resumed, tol)
 
 
 def _record(
