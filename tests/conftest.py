@@ -31,7 +31,7 @@ FOLDERS = ("unit", "workflow", "reruns", "gpu")
 
 
 # The modules that read the run and take longest, in the order the workers get them, so that the
-# workers end close together: a worker gets its next module once the one it runs has two tests left,
+# two end close together: a worker gets its next module once the one it runs has two tests left,
 # so a long module of one test goes first (it is handed out with the one after it), then the
 # others longest first, and the short ones last. (The order that did best in a simulation of
 # xdist's hand-out over the measured times of each test.)
@@ -72,23 +72,20 @@ def pytest_collection_modifyitems(items) -> None:
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto` (pyproject's addopts). A run of folders (the suite's default) gets one worker
-    more than the cores it uses (two at most, so three workers on a 2-core machine): the pipeline
-    run shares its cores with the tests that need none, and a module that waits (the SLURM
-    plugin between two status checks, a sandbox's sleeping program) leaves its core to the other
-    two workers. A run of several named files (the verl environment's tests, which never wait)
-    gets one worker per core; a run of one named file or of named tests, one process. `-n 0`
-    keeps any run in one process."""
+    """`-n auto` (pyproject's addopts): two workers for a run of folders (the suite's default: a
+    2-core machine, so the pipeline run shares its cores with the tests that need none) or of
+    several named files (the verl environment's tests), one process for a run of one named file
+    or of named tests. `-n 0` keeps any run in one process."""
     cores = min(2, len(os.sched_getaffinity(0)))
     named = [a for a in config.args if ".py" in a]
     if not named or len(named) < len(config.args):
-        return cores + 1
+        return cores
     files = {a.split("::")[0] for a in named}
     return cores if len(files) > 1 and not any("::" in a for a in named) else 0
 
 
 def pytest_configure(config) -> None:
-    # Each worker runs its in-process torch on one thread: the workers share the cores.
+    # Each worker runs its in-process torch on one thread: two workers share two cores.
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch
