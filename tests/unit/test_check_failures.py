@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from atlas.checks.compact import CheckFailed, compact_checkpoint_validation
+from atlas.checks.compact import CheckFailed, base_parameter_names, compact_checkpoint_validation
 from atlas.checks.roundtrip import metric_rel_tol, policy_roundtrip, same_metrics
 from atlas.config import TrainingConfig
 from atlas.model.policy import ROLES, ActorCritic
@@ -188,3 +188,22 @@ def test_the_exported_actor_reproduces_its_checkpoint_and_no_other(tiny_model, t
         for p in ac.trainable("actor").values():
             p.add_(0.01)
     assert exported_actor_reproduces(tiny_model, tmp_path / "adapters", ac, IDS) > 1e-4
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_base_parameter_names_come_from_the_config_alone(tiny_model, tmp_path, tied):
+    """The names the checks compare a compact checkpoint against: those of the loaded base (tied
+    weights once), read from config.json with no weight file present."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model)
+    config.tie_word_embeddings = tied
+    full = tmp_path / "full"
+    AutoModelForCausalLM.from_config(config).save_pretrained(full)
+    loaded = {n for n, _ in AutoModelForCausalLM.from_pretrained(full).named_parameters()}
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_bytes((full / "config.json").read_bytes())
+    assert base_parameter_names(config_only) == loaded == base_parameter_names(full)
+    assert ("lm_head.weight" in loaded) is not tied
+    assert "model.embed_tokens.weight" in loaded

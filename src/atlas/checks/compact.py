@@ -33,6 +33,18 @@ def base_name(name: str) -> str:
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
 
+def base_parameter_names(model_dir: Path) -> set[str]:
+    """The parameter names of the base model in `model_dir`, as `named_parameters()` of the loaded
+    model gives them (tied weights once), from its config alone: the model is built on the meta
+    device, so no weight file is opened."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name for name, _ in model.named_parameters()}
+
+
 def compact_checkpoint_validation(
     folder: Path, base_names: set[str], *, step: int, rank: int = 0
 ) -> list[dict]:

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 from peft import PeftModel
-from transformers import AutoModelForCausalLM
 
 from atlas.checks.compact import (
     CheckFailed,
     adapter_hashes,
+    base_parameter_names,
     compact_checkpoint_validation,
     optimizer_counts,
     read_json,
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     folder = args.run_folder
     index = read_json(folder / "checkpoints.json")
     verify_index(index)
-    base_names = {n for n, _ in AutoModelForCausalLM.from_pretrained(args.model).named_parameters()}
+    base_names = base_parameter_names(args.model)
     metrics = [json.loads(json.dumps(m)) for m in read_table(folder / "step_metrics.parquet").to_pylist()]
     by_step = {m["step"]: m for m in metrics}
     ids = probe_batch(folder / "trajectories.parquet")
