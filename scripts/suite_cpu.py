@@ -9,6 +9,11 @@ processes by kind (a stage module, Snakemake, a torchrun launcher, the pytest wo
 grade`). Processes killed by a
 signal write nothing, and graded programs run in the sandbox's interpreter, so the table's total
 is a little below the run's CPU time, which /usr/bin/time around this command gives.
+
+The last line gives the machine's busy and idle core-seconds over the run (from /proc/stat): busy
+counts every process, the run's or not (the SLURM daemons and the jobs slurmd starts are not its
+children), so on a quiet machine it is the run's whole cost, and idle is what better packing could
+still win.
 """
 
 from __future__ import annotations
@@ -63,6 +68,20 @@ def kind(argv: str) -> str:
 NAME = "atlas_suite_cpu_hook"
 
 
+def core_seconds(stat: str) -> tuple[float, float]:
+    """(busy, idle) core-seconds since boot from the text of /proc/stat: its first line, `cpu
+    user nice system idle iowait irq softirq steal ...`, in clock ticks. Busy is user, nice,
+    system, irq and softirq; idle is idle and iowait; steal (another guest's) is neither."""
+    fields = stat.splitlines()[0].split()
+    if fields[0] != "cpu" or len(fields) < 8:
+        raise ValueError(
+            f"/proc/stat: expected a first line 'cpu user nice system idle ...', got {fields[:3]}"
+        )
+    user, nice, system, idle, iowait, irq, softirq = (int(x) for x in fields[1:8])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, (idle + iowait) / tick
+
+
 def main(argv: list[str]) -> int:
     packages = Path(site.getsitepackages()[0])
     hook, pth = packages / f"{NAME}.py", packages / f"{NAME}.pth"
@@ -82,7 +101,9 @@ def main(argv: list[str]) -> int:
     try:
         args = argv or ["-p", "no:cacheprovider"]
         env = {**os.environ, "ATLAS_SUITE_CPU_LOG": str(log)}
+        before = core_seconds(Path("/proc/stat").read_text())
         rc = subprocess.run([sys.executable, "-m", "pytest", "-q", *args], env=env).returncode
+        after = core_seconds(Path("/proc/stat").read_text())
     finally:
         pth.unlink(missing_ok=True)
         hook.unlink(missing_ok=True)
@@ -98,6 +119,10 @@ def main(argv: list[str]) -> int:
     for name, cpus in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
         print(f"{len(cpus):>9} {sum(cpus):>8.1f} {sum(cpus) / total:>6.1%}  {name}")
     print(f"{sum(map(len, by_kind.values())):>9} {total:>8.1f}         recorded ({log})")
+    busy, idle = after[0] - before[0], after[1] - before[1]
+    print(
+        f"the machine over the run: {busy:.0f} busy core-s, {idle:.0f} idle core-s ({busy / (busy + idle):.0%} busy)"
+    )
     return rc
 
 
