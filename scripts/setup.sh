@@ -5,13 +5,28 @@
 #   bash scripts/setup.sh           # .venv with atlas[test]
 #   bash scripts/setup.sh verl      # also .venv-verl with atlas[test,verl] (verl pins transformers < 5.11)
 #
-# torch==2.13.0 is the CPU build; on a GPU node install the torch build for your CUDA first and
-# set ATLAS_TORCH= (empty) to keep it. PIP_FIND_LINKS, if set, is passed on (uv does not read pip's
-# config). An offline node installs from a local wheelhouse instead: docs/gpu.md.
+# torch: the CPU build, torch==2.13.0+cpu. PyTorch publishes it on its own index (PyPI's Linux
+# x86-64 torch is a CUDA build, several GB more); a folder in PIP_FIND_LINKS that holds the wheel is
+# used instead, with no index asked. On a GPU node install the torch build for your CUDA first and
+# set ATLAS_TORCH= (empty) to keep it, or ATLAS_TORCH to another requirement. PIP_FIND_LINKS, if
+# set, is passed on (uv does not read pip's config). An offline node installs from a local
+# wheelhouse instead: docs/gpu.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-torch=${ATLAS_TORCH-torch==2.13.0}
+torch=${ATLAS_TORCH-torch==2.13.0+cpu}
 links=(${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"})
+if [[ $torch == torch==*+cpu ]]; then
+  found=
+  for dir in ${PIP_FIND_LINKS:-}; do
+    compgen -G "$dir/torch-${torch#torch==}-*.whl" >/dev/null && found=$dir
+  done
+  if [[ -n $found ]]; then
+    echo "setup: $torch from $found"
+  else
+    links+=(--torch-backend cpu)  # uv takes torch from https://download.pytorch.org/whl/cpu
+    echo "setup: $torch from PyTorch's CPU index"
+  fi
+fi
 
 if ! command -v bwrap >/dev/null; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
