@@ -14,8 +14,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 torch=${ATLAS_TORCH-torch==2.13.0+cpu}
-links=(${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"})
+uv_args=(${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"})
 if [[ $torch == torch==*+cpu ]]; then
+  uv_args+=(--overrides scripts/cpu-overrides.txt)  # no triton: it only compiles GPU kernels
   found=
   for dir in ${PIP_FIND_LINKS:-}; do
     compgen -G "$dir/torch-${torch#torch==}-*.whl" >/dev/null && found=$dir
@@ -23,7 +24,7 @@ if [[ $torch == torch==*+cpu ]]; then
   if [[ -n $found ]]; then
     echo "setup: $torch from $found"
   else
-    links+=(--torch-backend cpu)  # uv takes torch from https://download.pytorch.org/whl/cpu
+    uv_args+=(--torch-backend cpu)  # uv takes torch from https://download.pytorch.org/whl/cpu
     echo "setup: $torch from PyTorch's CPU index"
   fi
 fi
@@ -45,10 +46,10 @@ fi
 # --compile-bytecode: the .pyc files are written once here. Without them every process (each
 # Snakemake job, each test's subprocess) compiles torch and transformers from source again when
 # PYTHONDONTWRITEBYTECODE is set: about 7 s of CPU a process.
-.venv/bin/python -m uv pip install --compile-bytecode --python .venv/bin/python "${links[@]}" $torch -e '.[test]'
+.venv/bin/python -m uv pip install --compile-bytecode --python .venv/bin/python "${uv_args[@]}" $torch -e '.[test]'
 
 if [[ ${1:-} == verl ]]; then
   .venv/bin/python -m uv venv -q --allow-existing .venv-verl
-  .venv/bin/python -m uv pip install --compile-bytecode --python .venv-verl/bin/python "${links[@]}" $torch -e '.[test,verl]'
+  .venv/bin/python -m uv pip install --compile-bytecode --python .venv-verl/bin/python "${uv_args[@]}" $torch -e '.[test,verl]'
 fi
 echo "setup: done; activate with: . .venv/bin/activate"
