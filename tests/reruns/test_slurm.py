@@ -218,8 +218,11 @@ def test_slice_through_slurm_matches_a_local_run(cluster, failing_workflow, pipe
 
 @pytest.fixture(scope="module")
 def failing_workflow(cluster, tmp_path_factory):
-    """A workflow whose first job fails under SLURM, started at once: it runs on the cluster beside
-    the slice, and its test reads how it ended."""
+    """A workflow whose first job fails under SLURM, started before the slice; its test reads how
+    it ended. The slice waits until the job has failed (its log names the error), so that the job
+    never queues behind the slice's jobs for a core: the plugin's status interval grows by 10 s at
+    each check that sees no job end (2, 12, 22, ... s), and a job that ended late was seen only
+    well after the slice was done. The workflow then sees the failure while the slice runs."""
     env, _ = cluster
     wf = copy_workflow(mkdir(tmp_path_factory.mktemp("failing") / "wf"))
     # A bad config value that only the job can see: data.lcb.val names a file of no LCB rows.
@@ -231,16 +234,24 @@ def failing_workflow(cluster, tmp_path_factory):
         proc = subprocess.Popen(
             [sys.executable, "-m", "snakemake", *args], cwd=wf, env=env, stdout=out, stderr=subprocess.STDOUT
         )
-    yield proc, output
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    try:
+        log = wf / "results" / "logs" / "prepare_data.log"
+        deadline = time.monotonic() + 300
+        while not (log.is_file() and "error:" in log.read_text()):
+            assert proc.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, output.read_text()
+            time.sleep(0.2)
+        yield proc, output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @needs_slurm
 def test_a_job_failing_under_slurm_fails_the_workflow_with_its_log(failing_workflow):
     proc, output = failing_workflow
-    proc.wait(timeout=600)  # it shares the node with the slice's jobs; it ends in seconds alone
+    proc.wait(timeout=600)  # its job failed before the slice started
     out = output.read_text()
     assert proc.returncode != 0, out
     assert re.search(r"SLURM-job '\d+' failed", out), out
