@@ -5,29 +5,42 @@
 #   bash scripts/setup.sh           # .venv with atlas[test]
 #   bash scripts/setup.sh verl      # also .venv-verl with atlas[test,verl] (verl pins transformers < 5.11)
 #
-# torch: the CPU build, torch==2.13.0+cpu. PyTorch publishes it on its own index (PyPI's Linux
-# x86-64 torch is a CUDA build, several GB more); a folder in PIP_FIND_LINKS that holds the wheel is
-# used instead, with no index asked. On a GPU node install the torch build for your CUDA first and
-# set ATLAS_TORCH= (empty) to keep it, or ATLAS_TORCH to another requirement. PIP_FIND_LINKS, if
-# set, is passed on (uv does not read pip's config). An offline node installs from a local
-# wheelhouse instead: docs/gpu.md.
+# torch: the CPU build, torch==2.13.0+cpu, from a find-links folder that holds its wheel, else from
+# PyTorch's CPU index (PyPI's Linux x86-64 torch is a CUDA build, several GB more), else, where that
+# index is out of reach, PyPI's torch==2.13.0. On a GPU node install the torch build for your CUDA
+# first and set ATLAS_TORCH= (empty) to keep it, or ATLAS_TORCH to another requirement. pip's
+# find-links (PIP_FIND_LINKS, else pip's config) are passed on to uv, which reads neither. An
+# offline node installs from a local wheelhouse instead: docs/gpu.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 torch=${ATLAS_TORCH-torch==2.13.0+cpu}
-uv_args=(${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"})
+# pip's find-links, from its environment variable or else its config files (uv reads neither)
+links=${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}
+uv_args=()
+for dir in $links; do uv_args+=(--find-links "$dir"); done
+cpu_args=()
 if [[ $torch == torch==*+cpu ]]; then
-  uv_args+=(--overrides scripts/cpu-overrides.txt)  # no triton: it only compiles GPU kernels
+  cpu_args+=(--overrides scripts/cpu-overrides.txt)  # no triton: it only compiles GPU kernels
   found=
-  for dir in ${PIP_FIND_LINKS:-}; do
+  for dir in $links; do
     compgen -G "$dir/torch-${torch#torch==}-*.whl" >/dev/null && found=$dir
   done
   if [[ -n $found ]]; then
     echo "setup: $torch from $found"
   else
-    uv_args+=(--torch-backend cpu)  # uv takes torch from https://download.pytorch.org/whl/cpu
+    cpu_args+=(--torch-backend cpu)  # uv takes torch from https://download.pytorch.org/whl/cpu
     echo "setup: $torch from PyTorch's CPU index"
   fi
 fi
+
+# install PYTHON EXTRAS: the project with its extras and torch into the environment of PYTHON
+install() {
+  .venv/bin/python -m uv pip install --compile-bytecode --python "$1" "${uv_args[@]}" "${cpu_args[@]}" \
+    $torch -e ".[$2]" && return
+  [[ " ${cpu_args[*]} " == *" --torch-backend "* ]] || return 1
+  echo "setup: PyTorch's CPU index is out of reach; ${torch%+cpu} from the package index instead" >&2
+  .venv/bin/python -m uv pip install --compile-bytecode --python "$1" "${uv_args[@]}" "${torch%+cpu}" -e ".[$2]"
+}
 
 if ! command -v bwrap >/dev/null; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
@@ -46,10 +59,10 @@ fi
 # --compile-bytecode: the .pyc files are written once here. Without them every process (each
 # Snakemake job, each test's subprocess) compiles torch and transformers from source again when
 # PYTHONDONTWRITEBYTECODE is set: about 7 s of CPU a process.
-.venv/bin/python -m uv pip install --compile-bytecode --python .venv/bin/python "${uv_args[@]}" $torch -e '.[test]'
+install .venv/bin/python test
 
 if [[ ${1:-} == verl ]]; then
   .venv/bin/python -m uv venv -q --allow-existing .venv-verl
-  .venv/bin/python -m uv pip install --compile-bytecode --python .venv-verl/bin/python "${uv_args[@]}" $torch -e '.[test,verl]'
+  install .venv-verl/bin/python test,verl
 fi
 echo "setup: done; activate with: . .venv/bin/activate"
