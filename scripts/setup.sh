@@ -33,8 +33,8 @@ if [[ $torch == torch==*+cpu ]]; then
   fi
 fi
 
-# install PYTHON EXTRAS: the project with its extras and torch into the environment of PYTHON
-install() {
+# install_env PYTHON EXTRAS: the project with its extras and torch into the environment of PYTHON
+install_env() {
   .venv/bin/python -m uv pip install --compile-bytecode --python "$1" "${uv_args[@]}" "${cpu_args[@]}" \
     $torch -e ".[$2]" && return
   [[ " ${cpu_args[*]} " == *" --torch-backend "* ]] || return 1
@@ -59,10 +59,10 @@ fi
 # --compile-bytecode: the .pyc files are written once here. Without them every process (each
 # Snakemake job, each test's subprocess) compiles torch and transformers from source again when
 # PYTHONDONTWRITEBYTECODE is set: about 7 s of CPU a process.
-install .venv/bin/python test
+install_env .venv/bin/python test
 
 if [[ ${1:-} == verl ]]; then
   .venv/bin/python -m uv venv -q --allow-existing .venv-verl
-  install .venv-verl/bin/python test,verl
+  install_env .venv-verl/bin/python test,verl
 fi
 echo "setup: done; activate with: . .venv/bin/activate"
