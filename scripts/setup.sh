@@ -4,6 +4,7 @@
 #
 #   bash scripts/setup.sh           # .venv with atlas[test]
 #   bash scripts/setup.sh verl      # also .venv-verl with atlas[test,verl] (verl pins transformers < 5.11)
+#   ATLAS_EXTRAS=slurm bash scripts/setup.sh   # .venv with atlas[test,slurm]
 #
 # torch: the CPU build, torch==2.13.0+cpu, from a find-links folder that holds its wheel, else from
 # PyTorch's CPU index (PyPI's Linux x86-64 torch is a CUDA build, several GB more), else, where that
@@ -16,15 +17,13 @@ cd "$(dirname "$0")/.."
 torch=${ATLAS_TORCH-torch==2.13.0+cpu}
 # pip's find-links, from its environment variable or else its config files (uv reads neither)
 links=${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}
-uv_args=()
-for dir in $links; do uv_args+=(--find-links "$dir"); done
-cpu_args=()
+uv_args=() found= cpu_args=()
+for dir in $links; do
+  uv_args+=(--find-links "$dir")
+  compgen -G "$dir/torch-${torch#torch==}-*.whl" >/dev/null && found=$dir
+done
 if [[ $torch == torch==*+cpu ]]; then
   cpu_args+=(--overrides scripts/cpu-overrides.txt)  # no triton: it only compiles GPU kernels
-  found=
-  for dir in $links; do
-    compgen -G "$dir/torch-${torch#torch==}-*.whl" >/dev/null && found=$dir
-  done
   if [[ -n $found ]]; then
     echo "setup: $torch from $found"
   else
@@ -33,11 +32,12 @@ if [[ $torch == torch==*+cpu ]]; then
   fi
 fi
 
-# install_env PYTHON EXTRAS: the project with its extras and torch into the environment of PYTHON
+# install_env PYTHON EXTRAS: the project with its extras and torch into the environment of PYTHON;
+# where PyTorch's CPU index was asked and is out of reach, PyPI's build of the same version
 install_env() {
   .venv/bin/python -m uv pip install --compile-bytecode --python "$1" "${uv_args[@]}" "${cpu_args[@]}" \
     $torch -e ".[$2]" && return
-  [[ " ${cpu_args[*]} " == *" --torch-backend "* ]] || return 1
+  [[ $torch == torch==*+cpu && -z $found ]] || return 1
   echo "setup: PyTorch's CPU index is out of reach; ${torch%+cpu} from the package index instead" >&2
   .venv/bin/python -m uv pip install --compile-bytecode --python "$1" "${uv_args[@]}" "${torch%+cpu}" -e ".[$2]"
 }
@@ -59,7 +59,7 @@ fi
 # --compile-bytecode: the .pyc files are written once here. Without them every process (each
 # Snakemake job, each test's subprocess) compiles torch and transformers from source again when
 # PYTHONDONTWRITEBYTECODE is set: about 7 s of CPU a process.
-install_env .venv/bin/python test
+install_env .venv/bin/python test${ATLAS_EXTRAS:+,$ATLAS_EXTRAS}
 
 if [[ ${1:-} == verl ]]; then
   .venv/bin/python -m uv venv -q --allow-existing .venv-verl
