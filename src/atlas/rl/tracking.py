@@ -47,6 +47,22 @@ def start(folder: Path, *, mode: str, project: str, run_id: str, name: str, conf
     )
 
 
+def preload(mode: str) -> None:
+    """Import the wandb modules that `start` imports, before torch and transformers load (a
+    training job calls this first). `wandb.init` imports wandb's Launch and public API modules,
+    whose pydantic models read their own source through inspect.getmodule, which scans sys.modules
+    for each frame of the import: with torch, transformers and peft loaded, the same init costs
+    about 0.7 s more CPU (docs/testing.md)."""
+    if mode == "disabled":
+        return
+    import wandb  # noqa: F401
+
+    try:  # what wandb.init imports when the run starts (wandb.sdk.wandb_run, job inputs)
+        import wandb.sdk.launch.inputs.internal  # noqa: F401
+    except ImportError:  # another wandb: its init imports what it needs, only later
+        pass
+
+
 def teardown() -> None:
     """Stop wandb's service process (what wandb's exit hook does; stages end without exit hooks,
     atlas.stage.run)."""

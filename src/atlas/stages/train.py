@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     if lead and training.resume_mode == "auto":  # bad checkpoints aside: resume from the last good one
         recovery.check_checkpoints(root, name)
 
+    if lead:  # wandb's modules before torch's: its init imports them faster (tracking.preload)
+        tracking.preload(training.wandb_mode)
     # torch, transformers and peft load only now (about 5 s of CPU): a refused input, a second
     # writer or a corrupt checkpoint is named before that.
     from atlas.rl import distributed, regrade
