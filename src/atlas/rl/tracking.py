@@ -52,7 +52,7 @@ def preload(mode: str) -> None:
     training job calls this first). `wandb.init` imports wandb's Launch and public API modules,
     whose pydantic models read their own source through inspect.getmodule, which scans sys.modules
     for each frame of the import: with torch, transformers and peft loaded, the same init costs
-    about 0.7 s more CPU (docs/testing.md)."""
+    about 0.5 s more CPU (docs/testing.md)."""
     if mode == "disabled":
         return
     import wandb  # noqa: F401
