@@ -32,14 +32,16 @@ if [[ $torch == torch==*+cpu ]]; then
   fi
 fi
 
+# uv_install PYTHON ARGS...: uv's pip install into the environment of PYTHON, bytecode compiled
+uv_install() { .venv/bin/python -m uv pip install --compile-bytecode --python "$1" "${uv_args[@]}" "${@:2}"; }
+
 # install_env PYTHON EXTRAS: the project with its extras and torch into the environment of PYTHON;
 # where PyTorch's CPU index was asked and is out of reach, PyPI's build of the same version
 install_env() {
-  .venv/bin/python -m uv pip install --compile-bytecode --python "$1" "${uv_args[@]}" "${cpu_args[@]}" \
-    $torch -e ".[$2]" && return
+  uv_install "$1" "${cpu_args[@]}" $torch -e ".[$2]" && return
   [[ $torch == torch==*+cpu && -z $found ]] || return 1
   echo "setup: PyTorch's CPU index is out of reach; ${torch%+cpu} from the package index instead" >&2
-  .venv/bin/python -m uv pip install --compile-bytecode --python "$1" "${uv_args[@]}" "${torch%+cpu}" -e ".[$2]"
+  uv_install "$1" "${torch%+cpu}" -e ".[$2]"
 }
 
 if ! command -v bwrap >/dev/null; then

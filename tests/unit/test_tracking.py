@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import REPO
 
 # In a fresh interpreter, as a training job starts: preload, then (for the offline mode) the run
 # itself; prints which modules each part imported.
