@@ -11,6 +11,7 @@ The suite is in four folders, each test marked with its folder's name (`-m unit`
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -207,25 +208,16 @@ def fixture_copy(tmp_path: Path):
     return copy
 
 
-def _build_model(out: Path, **tiny_overrides) -> Path:
+def _build_model(out: Path) -> Path:
+    """The embedded default's model, built into `out` by the build stage's main() in this process
+    (the pipeline runs the same stage as a Snakemake job), in the repository as its working folder:
+    the config names the tokenizer's corpus, and the manifest its files, relative to it."""
     from atlas.config import config_slice, load_config
+    from atlas.stages import build_tiny_model
 
     s = config_slice(load_config(REPO / "config" / "config.yaml"), "model")
-    s["model"]["tiny"].update(tiny_overrides)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "atlas.stages.build_tiny_model",
-            "--config-slice",
-            json.dumps(s),
-            "--out",
-            str(out),
-        ],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-    )
+    with contextlib.chdir(REPO):
+        build_tiny_model.main(["--config-slice", json.dumps(s), "--out", str(out)])
     return out
 
 
