@@ -1,13 +1,19 @@
-"""Data-parallel bookkeeping without processes: how rows are dealt to ranks, mini-batches per
-rank, merged reports, the ranks setting."""
+"""Data-parallel bookkeeping: how rows are dealt to ranks, mini-batches per rank, merged reports,
+the ranks setting (no processes), and what `stop` keeps (in a one-rank gloo group of its own
+process)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 from atlas.config import ResourcesConfig
 from atlas.rl.distributed import Ranks, Share, StepSync, merge_reports
 from atlas.runtime.protocol import ProtocolReport
+from conftest import REPO
 
 
 def test_rows_are_dealt_round_robin_and_gathered_back_in_order():
@@ -43,3 +49,37 @@ def test_ranks_config():
     assert ResourcesConfig(device="cuda", gpus=2).world_size == 2
     with pytest.raises(ValueError, match="on cuda each rank has one GPU"):
         ResourcesConfig(device="cuda", gpus=2, ranks=1)
+
+
+KEEP_SCRIPT = """
+import gc, weakref
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from atlas.rl import distributed
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def train_and_stop():
+    ddp = DistributedDataParallel(torch.nn.Linear(4, 1))
+    ddp(torch.ones(2, 4)).sum().backward()  # the reducer has synced a gradient
+    distributed.stop(distributed.Ranks(), ddp)
+    return weakref.ref(ddp)
+
+
+held = train_and_stop()
+gc.collect()
+print("kept" if held() is not None else "freed")
+"""
+
+
+def test_what_stop_keeps_outlives_the_function_that_stopped():
+    """A rank's DDP reducers are never freed: freeing one frees gloo's process group, whose
+    destructor can deadlock with gloo's worker thread (atlas.rl.distributed.stop)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", KEEP_SCRIPT], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["kept"], proc.stdout

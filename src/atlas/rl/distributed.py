@@ -103,7 +103,17 @@ def start(resources: ResourcesConfig) -> Ranks:
     return Ranks(dist.get_rank(), dist.get_world_size(), local)
 
 
-def stop(ranks: Ranks) -> None:
+# What stop() keeps: referenced here, it is never freed (the stages end with os._exit).
+_KEPT: list[Any] = []
+
+
+def stop(ranks: Ranks, *keep: Any) -> None:
+    """Leave the job's process group, and keep `keep` (what holds DDP's reducers) until the
+    process ends. A stage ends with os._exit (atlas.stage.run), so what is kept is never freed:
+    freeing a reducer frees gloo's process group, whose destructor joins gloo's worker thread
+    while holding the GIL, and a worker still freeing the last collective's work waits for that
+    GIL. A rank that freed its reducers as the stage returned hung there for good."""
+    _KEPT.extend(keep)
     if ranks.world > 1 and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     bar.close()
     if not ranks.main:
-        distributed.stop(ranks)
+        distributed.stop(ranks, sess)  # the session holds the DDP reducers: never freed
         return
     sampler.stop()
     if wandb_run is not None:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         manifest={"stage": name, "inputs": training_inputs(args), "code": code_files(MODULE), "config": s},
     )
     log(name, "wrote", out=args.out)
-    distributed.stop(ranks)
+    distributed.stop(ranks, sess)
 
 
 if __name__ == "__main__":
