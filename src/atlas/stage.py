@@ -116,7 +116,8 @@ def run(main: Callable[[], None]) -> None:
     time (1 to 1.7 s of CPU for a process that imported torch, transformers and peft), and in a rank
     of a torchrun job it can hang: freeing the DDP reducers frees gloo's process group, whose
     destructor joins its worker thread while holding the GIL, and a worker still freeing the last
-    collective's tensors waits for that GIL."""
+    collective's tensors waits for that GIL. main()'s own locals are freed as it returns, before
+    os._exit: what must not be freed there is kept by atlas.rl.distributed.stop."""
     os._exit(_exit_status(main))
 
 
