@@ -35,6 +35,10 @@ def start(folder: Path, *, mode: str, project: str, run_id: str, name: str, conf
 
     folder.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("WANDB_SILENT", "true")
+    # wandb's own telemetry (OpenTelemetry, posted to its server every minute and at exit) reads
+    # the process-wide settings, not the run's: they are set to the run's mode, or an offline run
+    # would look up and call that server (verl's workers get WANDB_MODE, atlas.verl.config).
+    wandb.setup(settings=wandb.Settings(mode=mode))
     return wandb.init(
         mode=mode,
         dir=str(folder),
