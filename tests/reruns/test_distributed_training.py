@@ -1,12 +1,14 @@
 """Data-parallel training on two gloo ranks (torchrun) against one process (the pipeline run's
 training smoke), on a copy of the pipeline run: the same step metrics, records and trainable tensors within float tolerance, the same run-folder
-shape, and a two-rank job killed after its first checkpoint that resumes to the same bytes."""
+shape, and a two-rank job whose torchrun is killed after its first checkpoint: its ranks end, and
+it resumes to the same bytes."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -191,6 +193,17 @@ def _wait_for(path: Path, proc: subprocess.Popen, seconds: float) -> None:
         time.sleep(0.2)
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_killed_two_rank_job_resumes_to_identical_bytes(runs, inputs):
     name = "ranks2_killed"
     ckpts = inputs / "results/checkpoints" / name
@@ -204,11 +217,19 @@ def test_killed_two_rank_job_resumes_to_identical_bytes(runs, inputs):
     )
     try:
         _wait_for(ckpts / "step_1" / "MANIFEST.json", proc, 900)
+        ranks = _children(proc.pid)
+        assert len(ranks) == 2, ranks
     finally:
-        # The job is cancelled as a scheduler cancels it: torchrun gets SIGTERM and ends every rank
-        # (each rank runs in its own session, so torchrun is the one to signal).
-        os.kill(proc.pid, signal.SIGTERM)
+        # torchrun is killed outright, so it cannot end its ranks: each rank has a death signal
+        # for its parent (atlas.rl.runlock.die_with_parent), and none lives on beside the rerun
+        os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=120)
+    deadline = time.monotonic() + 30
+    while (alive := [pid for pid in ranks if _running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in alive:  # leave nothing running behind a failed test
+        os.kill(pid, signal.SIGKILL)
+    assert alive == []
     assert not (inputs / "results/runs" / name).exists()
     assert max(int(p.name[5:]) for p in ckpts.glob("step_*")) == 1
 
@@ -232,6 +253,44 @@ def test_killed_two_rank_job_resumes_to_identical_bytes(runs, inputs):
         a = measured(pl.read_parquet(inputs / "results/runs" / name / table))
         b = measured(pl.read_parquet(runs[2] / table))
         assert a.equals(b), table
+
+
+def test_a_rank_ends_with_its_launcher_before_it_meets_the_other(inputs):
+    """Rank 1 of a two-rank job alone (rank 0 never starts), its launcher SIGKILLed while the rank
+    loads torch: the rank ends. Without its death signal it would wait at the rendezvous for
+    rank 0 until the timeout, as a NCCL rank waits in a collective whose peers are gone."""
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rank_env = {
+        **ENV,
+        **{"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"},
+        **{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_RUN_ID": "alone"},
+    }
+    command = train_command(inputs, 2, "rank1_alone")
+    rank_command = [sys.executable, "-m", *command[command.index("atlas.stages.train") :]]
+    launch = "import subprocess, sys; p = subprocess.Popen(sys.argv[1:]); print(p.pid, flush=True); p.wait()"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", launch, *rank_command],
+        cwd=inputs,
+        env=rank_env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    rank = int(launcher.stdout.readline())
+    deadline = time.monotonic() + 120
+    while "libtorch" not in Path(f"/proc/{rank}/maps").read_text():  # past its start, loading torch
+        assert _running(rank) and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 20
+    while _running(rank) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survived = _running(rank)
+    if survived:  # leave nothing running behind a failed test
+        os.kill(rank, signal.SIGKILL)
+    assert not survived
 
 
 def test_the_train_rule_launches_torchrun_for_two_ranks(tmp_path):

@@ -188,6 +188,53 @@ def test_a_job_dies_with_the_process_that_started_it(tmp_path, through_shell):
     assert not survived
 
 
+RANK = textwrap.dedent(
+    """
+    import os, sys, time
+    from atlas.rl.runlock import die_with_parent
+    die_with_parent()
+    with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("killed", ["starter", "torchrun"])
+def test_every_rank_of_a_torchrun_job_dies_with_its_starter_or_torchrun(tmp_path, killed):
+    """A starter (as Snakemake) runs `bash -c 'torchrun ...'` with two ranks; the starter or
+    torchrun itself is SIGKILLed. No rank lives on (nor torchrun, whose ranks failed, when the
+    starter went)."""
+    script, pids = tmp_path / "rank.py", tmp_path / "pids"
+    script.write_text(RANK)
+    pids.mkdir()
+    torchrun = f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 2 {script} {pids}"
+    inner = f"{torchrun} & echo $! > {pids / 'torchrun'}; wait"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    starter = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess; subprocess.run(['bash', '-c', {inner!r}])"], env=env
+    )
+    files = [pids / "torchrun", pids / "rank0", pids / "rank1"]
+    deadline = time.monotonic() + 120
+    while not all(f.is_file() and f.read_text().strip() for f in files):
+        assert starter.poll() is None and time.monotonic() < deadline, [f.name for f in files if f.is_file()]
+        time.sleep(0.1)
+    launcher, *ranks = (int(f.read_text()) for f in files)
+    assert all(_alive(pid) for pid in [launcher, *ranks])
+    # the killed starter is reaped only at the end: to the ranks, a zombie starter is gone
+    os.kill(starter.pid if killed == "starter" else launcher, signal.SIGKILL)
+    watched = [launcher, *ranks] if killed == "starter" else ranks
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in watched) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survived = [pid for pid in watched if _alive(pid)]
+    for pid in [launcher, *ranks, starter.pid]:  # leave nothing running behind a failed test
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    starter.wait()
+    assert survived == []
+
+
 # The training stage in a fresh interpreter, up to its refusal: which of the libraries it had loaded.
 REFUSED = """
 import sys
