@@ -7,11 +7,14 @@ compared with the pipeline run's own (the local run of the same jobs on the same
 plans nothing, and a job that fails under SLURM fails the workflow with its log.
 
 Needs root and the packages (`apt-get install -y slurm-wlm munge`, `pip install -e '.[slurm]'`).
-Under CI (CI=true) a missing package fails the test; elsewhere it skips.
+Under CI (CI=true) a missing package fails the test; elsewhere it skips. CI installs the executor
+plugin beside the environment, in the folder that ATLAS_SLURM_PLUGIN names (.ci/run): only this
+module's Snakemake processes and their jobs find it, on their PYTHONPATH.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -44,12 +47,19 @@ def mkdir(path: Path) -> Path:
     return path
 
 
+# The executor plugin's folder when it is not installed in this environment, else None.
+PLUGIN = os.environ.get("ATLAS_SLURM_PLUGIN")
+
+
 def _why_not_slurm() -> str | None:
     """What this machine lacks to run the cluster, or None."""
     missing = [t for t in ("munged", "slurmctld", "slurmd", "sbatch", "squeue") if not shutil.which(t)]
-    try:
-        import snakemake_executor_plugin_slurm  # noqa: F401
-    except ImportError:
+    found = (
+        (Path(PLUGIN) / "snakemake_executor_plugin_slurm" / "__init__.py").is_file()
+        if PLUGIN
+        else importlib.util.find_spec("snakemake_executor_plugin_slurm") is not None
+    )
+    if not found:
         missing.append("snakemake-executor-plugin-slurm")
     if missing:
         return f"missing {missing}: apt-get install -y slurm-wlm munge; pip install -e '.[slurm]'"
@@ -80,6 +90,8 @@ def cluster(tmp_path_factory):
     assert up.returncode == 0, up.stderr
     assert up.stdout.strip() == f"export SLURM_CONF={state}/slurm.conf"
     env = {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
+    if PLUGIN:  # Snakemake and the jobs it submits (sbatch passes the environment on) find it
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [PLUGIN, os.environ.get("PYTHONPATH")]))
     pids = _pids(state)
     assert set(pids) == {"munged", "slurmctld", "slurmd"}
     # the one path outside the state folder: the default config path that jobs' srun reads

@@ -1,4 +1,5 @@
-"""The set-up's environment (scripts/setup.sh, and .ci/run's test-only extra):
+"""The set-up's environment (scripts/setup.sh, and the test-only SLURM executor plugin that .ci/run
+installs beside it, in the folder ATLAS_SLURM_PLUGIN names):
 - every installed module has its bytecode. The set-up installs with --compile-bytecode because,
   where PYTHONDONTWRITEBYTECODE is set, a module without it is compiled from source again in every
   process that imports it (each Snakemake run imports the executor plugins and pandas, each job
@@ -28,9 +29,14 @@ def _compiles(path: str) -> bool:
 
 
 def test_every_installed_module_has_its_bytecode():
-    roots = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    beside = [os.environ["ATLAS_SLURM_PLUGIN"]] if os.environ.get("ATLAS_SLURM_PLUGIN") else []
+    roots = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *beside})
+    dists = [
+        *importlib.metadata.distributions(),
+        *(importlib.metadata.distributions(path=beside) if beside else ()),
+    ]
     sources, missing = 0, []
-    for dist in importlib.metadata.distributions():
+    for dist in dists:
         for file in dist.files or []:
             if file.suffix != ".py":
                 continue
