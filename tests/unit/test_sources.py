@@ -1,3 +1,6 @@
+import json
+
+from atlas import sources
 from atlas.sources import module_files
 from conftest import REPO
 
@@ -59,3 +62,54 @@ def test_an_import_in_any_block_counts(tmp_path):
     )
     files = module_files("atlas.stage", src=tmp_path, relative_to=tmp_path)
     assert files == sorted(["atlas/__init__.py", "atlas/stage.py", *(f"atlas/{m}.py" for m in blocks)])
+
+
+def _package(root):
+    pkg = root / "atlas"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "stage.py").write_text("from atlas import a\n")
+    (pkg / "a.py").write_text("")
+    (pkg / "b.py").write_text("")
+    return pkg
+
+
+def _fresh(src, module="atlas.stage"):
+    """module_files as a new process sees it: no imports read in this one yet."""
+    for f in (sources.module_names, sources._stored, sources._imports):
+        f.cache_clear()
+    return module_files(module, src=src, relative_to=src)
+
+
+def test_the_imports_are_kept_for_the_next_process_under_the_trees_digest(tmp_path):
+    pkg = _package(tmp_path)
+    assert _fresh(tmp_path) == ["atlas/__init__.py", "atlas/a.py", "atlas/stage.py"]
+    store = json.loads((pkg / "__pycache__" / sources.STORE).read_text())
+    assert store["digest"] == sources.tree_digest(tmp_path)
+    assert store["imports"]["atlas.stage"] == ["atlas", "atlas.a"]
+    # the next process reads the store, not the sources: a store that says otherwise is believed
+    store["imports"]["atlas.stage"] = ["atlas", "atlas.b"]
+    (pkg / "__pycache__" / sources.STORE).write_text(json.dumps(store))
+    assert _fresh(tmp_path) == ["atlas/__init__.py", "atlas/b.py", "atlas/stage.py"]
+
+
+def test_an_edited_added_or_removed_file_is_read_again(tmp_path):
+    pkg = _package(tmp_path)
+    _fresh(tmp_path)
+    (pkg / "stage.py").write_text("from atlas import a\n\ndef main():\n    from atlas import b\n")
+    assert _fresh(tmp_path) == ["atlas/__init__.py", "atlas/a.py", "atlas/b.py", "atlas/stage.py"]
+    (pkg / "c.py").write_text("")  # a new module changes what `from atlas import c` resolves to
+    digest = sources.tree_digest(tmp_path)
+    _fresh(tmp_path)
+    assert json.loads((pkg / "__pycache__" / sources.STORE).read_text())["digest"] == digest
+    (pkg / "b.py").unlink()
+    assert _fresh(tmp_path) == ["atlas/__init__.py", "atlas/a.py", "atlas/stage.py"]
+
+
+def test_a_corrupt_store_is_parsed_around_and_replaced(tmp_path):
+    pkg = _package(tmp_path)
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / sources.STORE).write_text('{"digest": "')  # a write cut short
+    assert _fresh(tmp_path) == ["atlas/__init__.py", "atlas/a.py", "atlas/stage.py"]
+    store = json.loads((pkg / "__pycache__" / sources.STORE).read_text())
+    assert store["imports"]["atlas.stage"] == ["atlas", "atlas.a"]
