@@ -100,7 +100,10 @@ def _stored(src: Path) -> tuple[str, dict[str, list[str]]]:
     except (OSError, ValueError):
         return digest, {}
     imports = data.get("imports") if isinstance(data, dict) and data.get("digest") == digest else None
-    return digest, dict(imports) if isinstance(imports, dict) else {}
+    whole = isinstance(imports, dict) and all(
+        isinstance(names, list) and all(isinstance(n, str) for n in names) for names in imports.values()
+    )
+    return digest, dict(imports) if whole else {}
 
 
 def _keep(src: Path, digest: str, imports: dict[str, list[str]]) -> None:

@@ -113,3 +113,7 @@ def test_a_corrupt_store_is_parsed_around_and_replaced(tmp_path):
     assert _fresh(tmp_path) == ["atlas/__init__.py", "atlas/a.py", "atlas/stage.py"]
     store = json.loads((pkg / "__pycache__" / sources.STORE).read_text())
     assert store["imports"]["atlas.stage"] == ["atlas", "atlas.a"]
+    # the tree's digest, but an entry that is not a list of module names: parsed around too
+    store["imports"]["atlas.stage"] = 5
+    (pkg / "__pycache__" / sources.STORE).write_text(json.dumps(store))
+    assert _fresh(tmp_path) == ["atlas/__init__.py", "atlas/a.py", "atlas/stage.py"]
