@@ -17,9 +17,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +124,26 @@ def copy_workflow(dest: Path) -> Path:
         else:
             shutil.copy2(src, dest / part)
     return dest
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: a zombie (ended, not yet reaped) does not."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def survivors(pids: list[int], seconds: float) -> list[int]:
+    """The processes of `pids` still running after up to `seconds` of waiting for them all to end.
+    Each of them is then killed (SIGKILL): a failed test leaves nothing running."""
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
 
 
 def flip_byte(path: Path, offset: int) -> None:

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from atlas.config import config_slice, load_config
 from atlas.hashing import verify
-from conftest import copy_pipeline, copy_workflow, run_snakemake
+from conftest import alive, copy_pipeline, copy_workflow, run_snakemake, survivors
 
 RUN = "training_smoke"  # 2 steps, a checkpoint after each, validation before and after
 # Float32 sums in another order (half-batch sums, then the all-reduce) and batches padded to
@@ -197,13 +197,6 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def _running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_killed_two_rank_job_resumes_to_identical_bytes(runs, inputs):
     name = "ranks2_killed"
     ckpts = inputs / "results/checkpoints" / name
@@ -224,12 +217,7 @@ def test_killed_two_rank_job_resumes_to_identical_bytes(runs, inputs):
         # for its parent (atlas.rl.runlock.die_with_parent), and none lives on beside the rerun
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=120)
-    deadline = time.monotonic() + 30
-    while (alive := [pid for pid in ranks if _running(pid)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in alive:  # leave nothing running behind a failed test
-        os.kill(pid, signal.SIGKILL)
-    assert alive == []
+    assert survivors(ranks, 30) == []
     assert not (inputs / "results/runs" / name).exists()
     assert max(int(p.name[5:]) for p in ckpts.glob("step_*")) == 1
 
@@ -280,17 +268,11 @@ def test_a_rank_ends_with_its_launcher_before_it_meets_the_other(inputs):
     rank = int(launcher.stdout.readline())
     deadline = time.monotonic() + 120
     while "libtorch" not in Path(f"/proc/{rank}/maps").read_text():  # past its start, loading torch
-        assert _running(rank) and time.monotonic() < deadline
+        assert alive(rank) and time.monotonic() < deadline
         time.sleep(0.05)
     os.kill(launcher.pid, signal.SIGKILL)
     launcher.wait()
-    deadline = time.monotonic() + 20
-    while _running(rank) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    survived = _running(rank)
-    if survived:  # leave nothing running behind a failed test
-        os.kill(rank, signal.SIGKILL)
-    assert not survived
+    assert survivors([rank], 20) == []
 
 
 def test_the_train_rule_launches_torchrun_for_two_ranks(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conftest import copy_pipeline, run_snakemake
+from conftest import alive, copy_pipeline, run_snakemake, survivors
 
 RUN = "training_smoke"  # 2 steps, a checkpoint after each
 TARGET = f"results/runs/{RUN}"
@@ -91,13 +91,6 @@ def test_altered_checkpoints_and_none_left_start_over(trained, tmp_path):
     assert_same_as_uninterrupted(wf, trained)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait(what, timeout: float, proc: subprocess.Popen | None = None):
     deadline = time.monotonic() + timeout
     while not (got := what()):
@@ -115,14 +108,11 @@ def test_sigkill_to_snakemake_leaves_no_orphan_and_a_rerun_finishes(trained, tmp
     lock = wf / f"{CKPTS}.lock"
     job = _wait(lambda: lock.is_file() and int(lock.read_text().strip() or 0), 600, smk)
     _wait(lambda: (wf / CKPTS / "journal" / "val_0").is_dir(), 600, smk)  # well into the run
-    assert _alive(job)
+    assert alive(job)
     os.kill(smk.pid, signal.SIGKILL)  # Snakemake itself, only
     smk.wait()
-    try:
-        _wait(lambda: not _alive(job), 5)  # the training job went with it, at once
-    except AssertionError:
-        os.kill(job, signal.SIGKILL)  # leave no orphan behind a failed test
-        raise AssertionError(f"training job {job} outlived Snakemake") from None
+    # the training job went with it, at once (an orphan is killed, not left behind)
+    assert survivors([job], 5) == [], f"training job {job} outlived Snakemake"
     assert not (wf / TARGET).exists()  # killed mid-run: it did not finish on its own
     run_snakemake(wf, "--unlock")
     run_snakemake(wf, "--cores", "2", TARGET)

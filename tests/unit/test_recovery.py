@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from atlas.hashing import MANIFEST, write_manifest
 from atlas.rl.recovery import RECOVERY, VERL_TRACKER, WHY, check_checkpoints, check_verl_checkpoints
 from atlas.rl.runlock import RunLockedError, claim, lock_path
-from conftest import REPO
+from conftest import REPO, alive, survivors
 
 
 def fake_checkpoint(root: Path, step: int) -> Path:
@@ -149,14 +149,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.parametrize("through_shell", [False, True])
 def test_a_job_dies_with_the_process_that_started_it(tmp_path, through_shell):
     """A starter (as Snakemake) runs the job, directly or through `bash -c`, and is SIGKILLed."""
@@ -176,16 +168,10 @@ def test_a_job_dies_with_the_process_that_started_it(tmp_path, through_shell):
     while not pidfile.is_file() or not pidfile.read_text().strip():
         time.sleep(0.05)
     child = int(pidfile.read_text())
-    assert _alive(child)
+    assert alive(child)
     os.kill(starter.pid, signal.SIGKILL)
     starter.wait()
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    survived = _alive(child)
-    if survived:  # leave nothing running behind a failed test
-        os.kill(child, signal.SIGKILL)
-    assert not survived
+    assert survivors([child], 10) == []
 
 
 RANK = textwrap.dedent(
@@ -220,17 +206,11 @@ def test_every_rank_of_a_torchrun_job_dies_with_its_starter_or_torchrun(tmp_path
         assert starter.poll() is None and time.monotonic() < deadline, [f.name for f in files if f.is_file()]
         time.sleep(0.1)
     launcher, *ranks = (int(f.read_text()) for f in files)
-    assert all(_alive(pid) for pid in [launcher, *ranks])
+    assert all(alive(pid) for pid in [launcher, *ranks])
     # the killed starter is reaped only at the end: to the ranks, a zombie starter is gone
     os.kill(starter.pid if killed == "starter" else launcher, signal.SIGKILL)
-    watched = [launcher, *ranks] if killed == "starter" else ranks
-    deadline = time.monotonic() + 20
-    while any(_alive(pid) for pid in watched) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    survived = [pid for pid in watched if _alive(pid)]
-    for pid in [launcher, *ranks, starter.pid]:  # leave nothing running behind a failed test
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    survived = survivors([launcher, *ranks] if killed == "starter" else ranks, 20)
+    survivors([launcher, starter.pid], 0)  # leave nothing running behind a failed test
     starter.wait()
     assert survived == []
 
