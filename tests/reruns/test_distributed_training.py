@@ -214,7 +214,7 @@ def test_killed_two_rank_job_resumes_to_identical_bytes(runs, inputs):
         assert len(ranks) == 2, ranks
     finally:
         # torchrun is killed outright, so it cannot end its ranks: each rank has a death signal
-        # for its parent (atlas.rl.runlock.die_with_parent), and none lives on beside the rerun
+        # for its parent (atlas.lifetime.die_with_parent), and none lives on beside the rerun
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=120)
     assert survivors(ranks, 30) == []

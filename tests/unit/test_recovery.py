@@ -1,6 +1,6 @@
 """Resume picks the last good checkpoint (bad ones are moved aside with a note, never deleted),
-one writer per run folder (a second is refused naming the holder's pid), and a training job
-dies with the process that started it."""
+one writer per run folder (a second is refused naming the holder's pid), and a training job, like
+every stage, dies with the process that started it."""
 
 import json
 import os
@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from atlas.hashing import MANIFEST, write_manifest
+from atlas.lifetime import WATCHDOG
 from atlas.rl.recovery import RECOVERY, VERL_TRACKER, WHY, check_checkpoints, check_verl_checkpoints
 from atlas.rl.runlock import RunLockedError, claim, lock_path
 from conftest import REPO, alive, survivors
@@ -140,8 +141,12 @@ def test_a_second_writer_is_refused_naming_the_pid(tmp_path):
 
 CHILD = textwrap.dedent(
     """
-    import time
-    from atlas.rl.runlock import die_with_parent
+    import errno, os, sys, time
+    if sys.argv[1] == "no-pidfd":  # as on a kernel without pidfd_open (Linux before 5.3)
+        def no_pidfd(pid):
+            raise OSError(errno.ENOSYS, "pidfd_open")
+        os.pidfd_open = no_pidfd
+    from atlas.lifetime import die_with_parent
     die_with_parent()
     print("guarded", flush=True)
     time.sleep(600)
@@ -149,17 +154,21 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("through_shell", [False, True])
-def test_a_job_dies_with_the_process_that_started_it(tmp_path, through_shell):
-    """A starter (as Snakemake) runs the job, directly or through `bash -c`, and is SIGKILLed."""
+@pytest.mark.parametrize(
+    ("through_shell", "watch"), [(False, "pidfd"), (True, "pidfd"), (True, "no-pidfd")], ids=str
+)
+def test_a_job_dies_with_the_process_that_started_it(tmp_path, through_shell, watch):
+    """A starter (as Snakemake) runs the job, directly or through `bash -c`, and is SIGKILLed.
+    Through a shell the job watches the starter through a pidfd, or reads /proc each second on a
+    kernel without pidfd_open."""
     pidfile, script = tmp_path / "pid", tmp_path / "job.py"
     script.write_text(CHILD)
     if through_shell:
-        inner = f"{sys.executable} {script} & echo $! > {pidfile}; wait"
+        inner = f"{sys.executable} {script} {watch} & echo $! > {pidfile}; wait"
         job = f"import subprocess; subprocess.run(['bash', '-c', {inner!r}])"
     else:
         job = (
-            f"import subprocess, sys; p = subprocess.Popen([sys.executable, {str(script)!r}]);"
+            f"import subprocess, sys; p = subprocess.Popen([sys.executable, {str(script)!r}, {watch!r}]);"
             f"open({str(pidfile)!r}, 'w').write(str(p.pid)); p.wait()"
         )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -177,7 +186,7 @@ def test_a_job_dies_with_the_process_that_started_it(tmp_path, through_shell):
 RANK = textwrap.dedent(
     """
     import os, sys, time
-    from atlas.rl.runlock import die_with_parent
+    from atlas.lifetime import die_with_parent
     die_with_parent()
     with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:
         f.write(str(os.getpid()))
@@ -213,6 +222,61 @@ def test_every_rank_of_a_torchrun_job_dies_with_its_starter_or_torchrun(tmp_path
     survivors([launcher, starter.pid], 0)  # leave nothing running behind a failed test
     starter.wait()
     assert survived == []
+
+
+STAGES = sorted(p.stem for p in (REPO / "src/atlas/stages").glob("*.py") if p.stem != "__init__")
+
+
+def _watched(pid: int) -> bool:
+    """Whether pid runs atlas.lifetime's watchdog thread (named through prctl)."""
+    try:
+        return any(
+            Path(t, "comm").read_text().strip() == WATCHDOG for t in Path(f"/proc/{pid}/task").iterdir()
+        )
+    except FileNotFoundError:
+        return False
+
+
+def test_every_stage_ends_with_its_starter_from_its_first_moment(tmp_path):
+    """Each stage as Snakemake runs it (`bash -c '... python -m atlas.stages.<rule> ...'`). Once
+    its watchdog thread runs (started before the stage imports anything heavy), the
+    stage is stopped (SIGSTOP) and its starter SIGKILLed; continued, every stage ends by SIGTERM (exit status 143 in its shell) before it reads its arguments, none by its
+    own exit 2 on the missing arguments."""
+    assert "train" in STAGES and "distributed_roundtrip" in STAGES and len(STAGES) >= 10, STAGES
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    starters, stages = {}, {}
+    for stage in STAGES:
+        pid, status = tmp_path / f"{stage}.pid", tmp_path / f"{stage}.status"
+        inner = f"{sys.executable} -m atlas.stages.{stage} 2>/dev/null & echo $! > {pid}; wait $!; echo $? > {status}"
+        starters[stage] = subprocess.Popen(
+            [sys.executable, "-c", f"import subprocess; subprocess.run(['bash', '-c', {inner!r}])"], env=env
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while len(stages) < len(STAGES):
+            for stage in set(STAGES) - set(stages):
+                pid = tmp_path / f"{stage}.pid"
+                text = pid.read_text().strip() if pid.is_file() else ""
+                if text and _watched(int(text)):
+                    os.kill(int(text), signal.SIGSTOP)
+                    stages[stage] = int(text)
+            assert time.monotonic() < deadline, f"no watchdog thread in {sorted(set(STAGES) - set(stages))}"
+            time.sleep(0.002)
+        for proc in starters.values():
+            os.kill(proc.pid, signal.SIGKILL)
+        time.sleep(0.2)
+    finally:
+        for pid in stages.values():
+            os.kill(pid, signal.SIGCONT)
+        for proc in starters.values():
+            proc.kill()
+            proc.wait()
+    assert survivors(list(stages.values()), 20) == []
+    deadline = time.monotonic() + 20
+    while not all((tmp_path / f"{s}.status").is_file() for s in STAGES) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    statuses = {s: (tmp_path / f"{s}.status").read_text().strip() for s in STAGES}
+    assert statuses == {s: "143" for s in STAGES}
 
 
 # The training stage in a fresh interpreter, up to its refusal: which of the libraries it had loaded.

@@ -41,10 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     root = args.checkpoints
     # the one process, or rank 0 of torchrun's (atlas.rl.distributed.start reads the same variables)
     lead = int(os.environ.get("WORLD_SIZE", "1")) == 1 or int(os.environ["RANK"]) == 0
-    if lead:
+    if lead:  # every rank already dies with torchrun and its starter (atlas.stages, atlas.lifetime)
         runlock.guard(root, name)  # one writer per run folder, dying with its parent
-    else:  # every rank dies with torchrun, and with the process that started torchrun
-        runlock.die_with_parent()
 
     # The working folder: same config and inputs -> keep (resume); else move the old work aside.
     fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in training_inputs(args)}}
