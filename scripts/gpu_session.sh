@@ -24,7 +24,10 @@
 #                                            logs and snakemake's log in $OUT. ATLAS_GPU_TESTS=1
 #                                            also runs tests/gpu (beside the pipeline, under
 #                                            ATLAS_GPU_TESTS_S, default 300 s) into
-#                                            $OUT/pytest_gpu.txt
+#                                            $OUT/pytest_gpu.txt. ATLAS_KILL_CHECK=1 then
+#                                            reruns the validation jobs, kills Snakemake (-9)
+#                                            once one holds the GPU, counts the stage processes
+#                                            left and reruns: $OUT/kill_check.txt
 #
 # OUT defaults to /tmp/out. docs/gpu.md has the figures these commands printed on an H200;
 # resources/runs/h200/ holds what `pipeline` wrote there.
@@ -130,6 +133,37 @@ if [[ $what == pipeline ]]; then
   fi
   last=$(ls -t .snakemake/log/*.snakemake.log 2>/dev/null | head -1)
   [[ -n $last ]] && cp "$last" "$OUT/snakemake.log"
+  if [[ ${ATLAS_KILL_CHECK:-0} == 1 ]]; then
+    # kill -9 of Snakemake while its validation jobs hold the GPU: no stage may run on (each dies
+    # with its starter, atlas.lifetime), and the same command again finishes the run
+    stages() { for d in /proc/[0-9]*; do
+      tr '\0' ' ' 2>/dev/null < "$d/cmdline" | grep -q -- "-m atlas.stages\.${1:-}" && echo "${d#/proc/}"
+    done; }
+    python3 -m snakemake --configfile $configs --cores all --resources gpu="${ATLAS_GPU_JOBS:-1}" \
+      --forcerun validation results/report25/ > "$OUT/kill_check_run.log" 2>&1 &
+    smk=$! held=
+    for _ in $(seq 600); do
+      for pid in $(stages validation); do
+        ls -l "/proc/$pid/fd" 2>/dev/null | grep -q /dev/nvidia && held=$pid && break 2
+      done
+      sleep 0.2
+    done
+    {
+      echo "validation job on the GPU: pid ${held:-none}: $(tr '\0' ' ' 2>/dev/null < "/proc/$held/cmdline" | cut -c1-90)"
+      echo "its GPU files: $(ls -l "/proc/$held/fd" 2>/dev/null | grep -o '/dev/nvidia[^ ]*' | sort -u | tr '\n' ' ')"
+      echo "stage processes before the kill: $(stages | wc -l)"
+      kill -9 "$smk"; killed=$(date +%s%3N)
+      for _ in $(seq 100); do [[ -z $(stages) ]] && break; sleep 0.1; done
+      echo "stage processes $(( $(date +%s%3N) - killed )) ms after kill -9 of snakemake: $(stages | wc -l)"
+      for pid in $(stages); do tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline" | cut -c1-120; echo; done
+      nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+      python3 -m snakemake --configfile $configs --unlock > /dev/null 2>&1
+      start=$(date +%s)
+      timeout 300 python3 -m snakemake --configfile $configs --cores all --resources gpu="${ATLAS_GPU_JOBS:-1}" \
+        --rerun-incomplete results/report25/ > "$OUT/kill_check_rerun.log" 2>&1
+      echo "the same command again: rc=$? after $(( $(date +%s) - start )) s"
+    } 2>&1 | tee "$OUT/kill_check.txt"
+  fi
   tar -czf "$OUT/logs.tgz" results/logs 2>/dev/null
   [[ -d results/report25 ]] && tar -czf "$OUT/report25.tgz" -C results report25
   ls -la "$OUT"
