@@ -159,9 +159,13 @@ if [[ $what == pipeline ]]; then
       nvidia-smi --query-compute-apps=pid,used_memory --format=csv
       python3 -m snakemake --configfile $configs --unlock > /dev/null 2>&1
       start=$(date +%s)
+      # every target (rule all): the killed jobs' outputs are gone, and results/report25/, whose
+      # inputs they were, is still up to date without them, so Snakemake would not rerun them for it
       timeout 300 python3 -m snakemake --configfile $configs --cores all --resources gpu="${ATLAS_GPU_JOBS:-1}" \
-        --rerun-incomplete results/report25/ > "$OUT/kill_check_rerun.log" 2>&1
-      echo "the same command again: rc=$? after $(( $(date +%s) - start )) s"
+        --rerun-incomplete > "$OUT/kill_check_rerun.log" 2>&1
+      echo "snakemake again: rc=$? after $(( $(date +%s) - start )) s; its jobs:"
+      sed -n '/^Job stats/,/^$/p' "$OUT/kill_check_rerun.log" | grep -E '^[a-z_]+ +[0-9]+$'
+      ls -d results/validation/*
     } 2>&1 | tee "$OUT/kill_check.txt"
   fi
   tar -czf "$OUT/logs.tgz" results/logs 2>/dev/null
