@@ -239,9 +239,10 @@ def _watched(pid: int) -> bool:
 
 def test_every_stage_ends_with_its_starter_from_its_first_moment(tmp_path):
     """Each stage as Snakemake runs it (`bash -c '... python -m atlas.stages.<rule> ...'`). Once
-    its watchdog thread runs (started before the stage imports anything heavy), the
-    stage is stopped (SIGSTOP) and its starter SIGKILLed; continued, every stage ends by SIGTERM (exit status 143 in its shell) before it reads its arguments, none by its
-    own exit 2 on the missing arguments."""
+    its watchdog thread runs (started before the stage imports anything heavy), the stage is
+    stopped (SIGSTOP) and its starter SIGKILLed; continued, every stage ends by SIGTERM (exit
+    status 143 in its shell) before it reads its arguments, none by its own exit 2 on the
+    missing arguments."""
     assert "train" in STAGES and "distributed_roundtrip" in STAGES and len(STAGES) >= 10, STAGES
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
     starters, stages = {}, {}
