@@ -1,20 +1,41 @@
 #!/usr/bin/env python
-"""Rollout benchmark: the training runtime's engine on the report's batch, LoRA served merged or not.
+"""Rollout benchmark: the trainer's rollout engine on the report's batch, in two modes.
 
-    python scripts/bench_rollout.py --shape 1.7b --tokenizer .gpu/tokenizer --out $OUT/rollout.json
+    python scripts/bench_rollout.py --config config/h200.yaml --data results/data \
+        [--modes generation,episode] [--out $OUT/rollout.json]
 
-atlas.model.shapes' random-init Qwen3 of the shape over the synthetic 151,936-token tokenizer
-(built in `--tokenizer` if missing), bf16, in the runtime the trainer makes (make_runtime:
-StaticEngine, compiled, grammar-constrained). Arms: `base` (no LoRA), `adapters` (the actor LoRA
-through peft's layers), `merged` (the same actor folded into a copy, as training serves it). The
-batch is atlas.runtime.synthetic's 32 questions x 8 samples, `--new` tokens each; after the runs
-the merged model's log-probs are compared with the adapters' on the generated rows.
+The model is `--model DIR` (a base the pipeline built: results/models/<name>) or, without it, the
+config's `model.shape` (atlas.model.shapes: random-init Qwen3 dimensions over the synthetic
+151,936-token tokenizer, built in `--tokenizer` if missing), on the GPU in bf16, on the CPU in
+float32. The runtime is the config's (`--config` merged over config/config.yaml, as Snakemake
+merges it), made by the trainer's own functions.
+
+generation   one grammar-constrained generation per request: atlas.runtime.synthetic's 32
+             questions x 8 samples of first turns, `--new` tokens each, timed after a warm-up
+             call. Arms: `base` (no LoRA), `adapters` (the actor LoRA through peft's layers),
+             `merged` (the same actor folded into a copy, as training serves it); the merged
+             model's log-probs are compared with the adapters' on the generated rows. `--profile
+             FILE` runs the last arm's last call under torch.profiler and writes the operators and
+             kernels by device time to FILE.
+episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the schedule's step-0
+             questions (`--data`, results/data of the same config) x training.responses_per_question,
+             multi-turn, every call run and graded in the sandbox, sampled through the merged
+             actor (atlas.rl.serving.rollout_runtime; `--episode-model base` samples the base).
+             First a warm-up as the training stage runs one: validation on
+             training.validation_questions x validation_samples. Then `--repeats` rollouts of the
+             step (other seeds). Tokens/s is generated tokens over the rollout's wall seconds:
+             what a training step reports as perf/rollout_tokens_per_s. Each rollout is broken down
+             by turn: the engine call (prefill, graph capture, grammar masks, launches, waits for
+             the GPU, host bookkeeping) and the tools and graders after it.
+
+Prints one table per mode and writes everything as JSON to `--out`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,97 +43,293 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from atlas.config import RuntimeConfig, TrainingConfig
-from atlas.model.shapes import shape_model, synthetic_tokenizer
-from atlas.rl.step import policy_on, rollout_model
-from atlas.runtime.session import make_runtime
+from atlas.config import merged, parse_config, read_yaml
+from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
+from atlas.runtime.rollouts import episode_specs, rollout
+from atlas.runtime.session import load_model, make_runtime
 from atlas.runtime.synthetic import tool_requests
 from atlas.runtime.tools import CodeBounds
 
-CFG = RuntimeConfig(max_text_tokens=48, max_code_run=64, max_code_escapes=8, max_generation_tokens=1024)
-BOUNDS = CodeBounds.of(CFG)
+REPO = Path(__file__).resolve().parent.parent
 
 
-def timed_generate(rt, reqs, repeats: int) -> dict:
-    rt.engine.generate(reqs)  # compile and capture
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_generate(rt, reqs, repeats: int, device, profile: Path | None = None) -> tuple[dict, list]:
+    rt.engine.generate(reqs)  # the first call: graphs captured, the sampler compiled
     times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
+    for k in range(repeats):
+        sync(device)
         t = time.perf_counter()
-        gens = rt.engine.generate(reqs)
-        torch.cuda.synchronize()
+        if profile is not None and k == repeats - 1:
+            gens = profiled(lambda: rt.engine.generate(reqs), profile, device)
+        else:
+            gens = rt.engine.generate(reqs)
+        sync(device)
         times.append(time.perf_counter() - t)
-    seconds, tokens = sorted(times)[len(times) // 2], sum(len(g.token_ids) for g in gens)
-    return dict(
-        seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, timing=rt.engine.last_timing
-    ), gens
+    seconds, tokens = statistics.median(times), sum(len(g.token_ids) for g in gens)
+    row = dict(
+        seconds=seconds,
+        tokens=tokens,
+        tokens_per_s=tokens / seconds,
+        timing=getattr(rt.engine, "last_timing", {}),
+    )
+    return row, gens
 
 
-def logprob_gap(ac, merged, reqs, gens, rows: int = 8) -> float:
-    """Max |log p_merged - log p_adapters| of the generated tokens (raw distribution), bf16."""
+def profiled(fn, path: Path, device):
+    """fn() under torch.profiler; the operators and kernels by device time, as a table in `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        out = fn()
+        sync(device)
+    sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=30)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(table)
+    print(table)
+    return out
+
+
+def logprob_gap(ac, serving, reqs, gens, device, rows: int = 8) -> float:
+    """Max |log p_merged - log p_adapters| of the generated tokens (raw distribution)."""
     gap = 0.0
     with torch.no_grad():
         for r, g in list(zip(reqs, gens, strict=True))[:rows]:
-            ids = torch.tensor([list(r.prompt_ids) + g.token_ids], device="cuda")
+            ids = torch.tensor([list(r.prompt_ids) + g.token_ids], device=device)
             n = len(g.token_ids)
             tgt = ids[0, -n:]
-            a, b = ac.actor_logits(ids), merged.model(input_ids=ids).logits
+            a, b = ac.actor_logits(ids), serving.model(input_ids=ids).logits
             a, b = (x[0, -n - 1 : -1].float().log_softmax(-1).gather(-1, tgt[:, None]) for x in (a, b))
             gap = max(gap, (a - b).abs().max().item())
     return gap
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in dict(shape="1.7b", arms="base,merged", lora=64, questions=32, samples=8).items():
-        p.add_argument(f"--{name}", type=type(default), default=default)
-    for name, default in dict(new=128, repeats=2).items():
-        p.add_argument(f"--{name}", type=int, default=default)
-    p.add_argument("--tokenizer", type=Path, default=Path(".gpu/tokenizer"))
-    p.add_argument("--out", type=Path)
-    args = p.parse_args()
-    if not (args.tokenizer / "tokenizer.json").exists():
-        synthetic_tokenizer().save_pretrained(args.tokenizer)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    base = shape_model(args.shape, tokenizer, device="cuda")
-    training = TrainingConfig(
-        responses_per_question=args.samples, lora_rank=args.lora, lora_alpha=2 * args.lora
-    )
-    ac = merged = None
-    results = dict(command=" ".join(["scripts/bench_rollout.py", *sys.argv[1:]]), torch=torch.__version__)
-    results |= dict(device=torch.cuda.get_device_name(), shape=args.shape, vocab=len(tokenizer), arms={})
-    results |= dict(new_tokens=args.new, batch=args.questions * args.samples, lora_rank=args.lora)
+def trained_looking(ac) -> None:
+    """The actor's LoRA B off zero, so serving it merged or through adapters makes a difference."""
+    with torch.no_grad():
+        for t in (t for name, t in ac.trainable("actor").items() if "lora_B" in name):
+            t.normal_(0, 1e-3)
+
+
+class Policy:
+    """The trainer's policy on the base (atlas.rl.serving: LoRA actor and critic, what `auto`
+    turns on) and the merged serving copy the trainer samples from, built once for both modes."""
+
+    def __init__(self, base, tokenizer, cfg, device):
+        from atlas.rl.serving import policy_on, rollout_runtime
+
+        self.ac = policy_on(base, cfg.training, seed=cfg.seed, device=device)
+        trained_looking(self.ac)
+        self.rt, self.serving = rollout_runtime(self.ac, tokenizer, cfg.training, cfg.runtime, device)
+
+
+def generation_mode(args, base, tokenizer, cfg, device, policy) -> dict:
+    runtime = cfg.runtime
+    arms = {}
     for arm in args.arms.split(","):
-        if arm != "base" and ac is None:
-            ac = policy_on(base, training, seed=0, device="cuda")  # the trainer's policy
-            with torch.no_grad():  # a trained-looking actor: B off zero, so the merge matters
-                for t in (t for name, t in ac.trainable("actor").items() if "lora_B" in name):
-                    t.normal_(0, 1e-3)
-            merged = rollout_model(ac, training, "cuda")  # what the trainer serves (merged_rollouts: auto)
-        model = {"base": base, "adapters": ac and ac.peft, "merged": merged and merged.model}[arm]
-        rt = make_runtime(model, tokenizer, CFG)
+        pol = policy() if arm != "base" else None
+        if arm == "merged" and pol.serving is None:
+            raise SystemExit("--arms merged: the config serves no merged copy (training.merged_rollouts)")
+        model = {
+            "base": base,
+            "adapters": pol and pol.ac.peft,
+            "merged": pol and pol.serving and pol.serving.model,
+        }[arm]
+        rt = make_runtime(model, tokenizer, runtime)
         reqs = tool_requests(
-            rt, questions=args.questions, samples=args.samples, max_new=args.new, bounds=BOUNDS
+            rt,
+            questions=args.questions,
+            samples=args.samples,
+            max_new=args.new,
+            bounds=CodeBounds.of(runtime),
         )
-        row, gens = timed_generate(rt, reqs, args.repeats)
-        row["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        profile = args.profile if arm == args.arms.split(",")[-1] else None
+        row, gens = timed_generate(rt, reqs, args.repeats, device, profile)
+        if device == "cuda":
+            row["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         if arm == "merged":
             t = time.perf_counter()
-            merged.refresh()
-            torch.cuda.synchronize()
+            pol.serving.refresh()
+            sync(device)
             row["refresh_s"] = time.perf_counter() - t
-            row["logprob_gap_vs_adapters"] = logprob_gap(ac, merged, reqs, gens)
-        results["arms"][arm] = row
-        extra = " ".join(f"{k}={row[k]:.4g}" for k in ("refresh_s", "logprob_gap_vs_adapters") if k in row)
-        print(
-            f"{arm:10s} {row['tokens_per_s']:10.0f} tok/s  {row['seconds']:.2f} s  {row['tokens']} tokens {extra}"
-        )
+            row["logprob_gap_vs_adapters"] = logprob_gap(pol.ac, pol.serving, reqs, gens, device)
+        arms[arm] = row
         del rt
-    if "base" in results["arms"]:
-        for arm, row in results["arms"].items():
-            row["vs_base"] = row["tokens_per_s"] / results["arms"]["base"]["tokens_per_s"]
-            print(f"{arm:10s} {row['vs_base']:.3f} of base tokens/s")
+    for row in arms.values():
+        if "base" in arms:
+            row["vs_base"] = row["tokens_per_s"] / arms["base"]["tokens_per_s"]
+    return dict(new_tokens=args.new, batch=args.questions * args.samples, arms=arms)
+
+
+def timed_rollout(rt, specs, cfg, *, step: int, phase: str, device) -> dict:
+    """One rollout of `specs` through the trainer's episode loop, with each engine call's clock."""
+    calls, marks = [], []
+    generate = rt.engine.generate
+
+    def clocked(requests):
+        sync(device)
+        t = time.perf_counter()
+        gens = generate(requests)
+        sync(device)
+        tokens = sum(len(g.token_ids) for g in gens)
+        calls.append({"rows": len(requests), "seconds": time.perf_counter() - t, "tokens": tokens})
+        calls[-1].update(getattr(rt.engine, "last_timing", {}))
+        clock = " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in calls[-1].items())
+        print(f"  {phase} step {step} engine call {len(calls) - 1}: {clock}", file=sys.stderr, flush=True)
+        return gens
+
+    rt.engine.generate = clocked
+    try:
+        t = time.perf_counter()
+        episodes = rollout(
+            rt,
+            specs,
+            cfg.runtime,
+            cfg.graders,
+            run="bench",
+            step=step,
+            phase=phase,
+            seed=cfg.seed,
+            progress=lambda _: marks.append(time.perf_counter()),
+        )
+        seconds = time.perf_counter() - t
+    finally:
+        rt.engine.generate = generate
+    turns, before = [], t
+    for call, mark in zip(calls, marks, strict=True):  # one engine call per turn
+        turns.append(call | {"turn_s": mark - before, "tools_s": mark - before - call["seconds"]})
+        before = mark
+    tokens = sum(r.generated_tokens for ep in episodes for r in ep.records)
+    return dict(
+        episodes=len(episodes),
+        generations=sum(len(ep.records) for ep in episodes),
+        seconds=seconds,
+        tokens=tokens,
+        tokens_per_s=tokens / seconds,
+        generate_s=sum(c["seconds"] for c in calls),
+        turns=turns,
+    )
+
+
+def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
+    training = cfg.training
+    # the trainer's rollout runtime (its own engine, over the merged copy on a GPU), or the base's
+    rt = policy().rt if args.episode_model == "merged" else make_runtime(base, tokenizer, cfg.runtime)
+    data = args.data
+    train_rows = read_questions(data / "train.parquet")
+    tests = read_tests(data / "tests.parquet")
+    val = read_questions(data / "val.parquet")
+    val = smoke_slice(val, training.validation_questions or len(val))
+    questions = sorted((r for r in train_rows if r["step"] == 0), key=lambda r: r["position"])
+    out = dict(
+        model=args.episode_model,
+        questions=len(questions),
+        responses=training.responses_per_question,
+        max_turns=cfg.runtime.max_turns,
+        max_generation_tokens=cfg.runtime.max_generation_tokens,
+    )
+    specs = episode_specs(val, tests, training.validation_samples)
+    out["warmup"] = timed_rollout(rt, specs, cfg, step=0, phase="val", device=device)
+    specs = episode_specs(questions, tests, training.responses_per_question)
+    out["runs"] = [
+        timed_rollout(rt, specs, cfg, step=k, phase="train", device=device) for k in range(args.repeats)
+    ]
+    out["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in out["runs"])
+    return out
+
+
+def print_generation(res: dict) -> None:
+    print(f"generation: {res['batch']} rows x {res['new_tokens']} new tokens")
+    for arm, row in res["arms"].items():
+        extra = " ".join(
+            f"{k}={row[k]:.4g}" for k in ("vs_base", "refresh_s", "logprob_gap_vs_adapters") if k in row
+        )
+        print(
+            f"  {arm:10s} {row['tokens_per_s']:10.0f} tok/s  {row['seconds']:.2f} s  {row['tokens']} tokens {extra}"
+        )
+
+
+def print_episode(res: dict) -> None:
+    print(f"episode: {res['questions']} questions x {res['responses']} responses, {res['model']} model")
+    keys = ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s")
+    print(
+        f"  {'run':8s} {'turn':>4s} {'rows':>5s} {'tokens':>7s} {'turn_s':>7s} {'engine':>7s} "
+        + " ".join(f"{k:>9s}" for k in keys)
+        + f" {'tools_s':>7s} {'steps':>5s}"
+    )
+    for name, run in [("warmup", res["warmup"])] + [(f"run {k}", r) for k, r in enumerate(res["runs"])]:
+        for t, c in enumerate(run["turns"]):
+            cells = " ".join(f"{c.get(k, float('nan')):9.2f}" for k in keys)
+            print(
+                f"  {name:8s} {t:4d} {c['rows']:5d} {c['tokens']:7d} {c['turn_s']:7.2f} {c['seconds']:7.2f} "
+                f"{cells} {c['tools_s']:7.2f} {c.get('steps', 0):5d}"
+            )
+        print(
+            f"  {name:8s} total {run['tokens']} tokens in {run['seconds']:.2f} s: {run['tokens_per_s']:.0f} tok/s "
+            f"({run['generations']} generations, engine {run['generate_s']:.2f} s)"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, default=REPO / "config/h200.yaml")
+    p.add_argument("--data", type=Path, default=REPO / "results/data")
+    p.add_argument("--model", type=Path, help="a base model folder; default: the config's model.shape")
+    p.add_argument("--tokenizer", type=Path, default=REPO / ".gpu/tokenizer")
+    p.add_argument("--modes", default="generation,episode")
+    p.add_argument("--arms", default="base,merged")
+    p.add_argument("--episode-model", choices=("merged", "base"), default="merged")
+    for name, default in dict(questions=32, samples=8, new=128, repeats=2).items():
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--profile", type=Path, help="profile the last arm's last generation call into this file")
+    args = p.parse_args()
+    cfg = parse_config(
+        merged(read_yaml(REPO / "config/config.yaml"), read_yaml(args.config)), str(args.config)
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.model is not None:
+        base, tokenizer = load_model(args.model, device)
+    else:
+        from atlas.model.shapes import shape_model, synthetic_tokenizer
+
+        if not (args.tokenizer / "tokenizer.json").exists():
+            synthetic_tokenizer().save_pretrained(args.tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        base = shape_model(cfg.model.shape, tokenizer, device=device)
+    results = dict(command=" ".join(["scripts/bench_rollout.py", *sys.argv[1:]]), torch=torch.__version__)
+    results |= dict(
+        device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        model=str(args.model) if args.model else cfg.model.shape,
+        vocab=len(tokenizer),
+        lora_rank=cfg.training.lora_rank,
+    )
+    built = []
+
+    def policy() -> Policy:
+        if not built:
+            built.append(Policy(base, tokenizer, cfg, device))
+        return built[0]
+
+    modes = args.modes.split(",")
+    if "generation" in modes:
+        results["generation"] = generation_mode(args, base, tokenizer, cfg, device, policy)
+        print_generation(results["generation"])
+    if "episode" in modes:
+        results["episode"] = episode_mode(args, base, tokenizer, cfg, device, policy)
+        print_episode(results["episode"])
+    if "generation" in results and "episode" in results and "merged" in results["generation"]["arms"]:
+        single = results["generation"]["arms"]["merged"]["tokens_per_s"]
+        results["episode_vs_generation"] = results["episode"]["tokens_per_s"] / single
+        print(f"episode / generation (merged) tokens/s: {results['episode_vs_generation']:.3f}")
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1, default=str))
 
 

@@ -5,7 +5,7 @@
 
 The policy is the trainer's (ActorCritic, actor and critic LoRA r64/a128 on all linear layers)
 over atlas.model.shapes' random-init Qwen3 of the shape, vocab 151,936, bf16 on the GPU, built
-by atlas.rl.step.policy_on with what `auto` turns on there: gradient checkpointing, padding
+by atlas.rl.serving.policy_on with what `auto` turns on there: gradient checkpointing, padding
 removal with the chunked head, Liger kernels and fused LoRA. The batch is atlas.rl.synthetic's
 (`--rows` x `--row-tokens`), cut into micro-batches by training.ppo.micro_batch_tokens. Each repeat is one
 ppo.prepare + ppo.update (critic, then actor: one optimizer step each); the table gives the
@@ -32,7 +32,7 @@ from atlas.model.liger import wanted
 from atlas.model.shapes import SYNTHETIC_VOCAB, base_parameters, shape_model
 from atlas.rl.checkpoint import save_compact
 from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
-from atlas.rl.step import policy_on
+from atlas.rl.serving import policy_on
 from atlas.rl.synthetic import synthetic_batch
 
 PEAK_TFLOPS = 792.0

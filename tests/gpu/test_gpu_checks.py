@@ -10,7 +10,7 @@ from atlas.checks.roundtrip import probes
 from atlas.config import TrainingConfig
 from atlas.model.policy import ROLES
 from atlas.rl.checkpoint import export_adapters
-from atlas.rl.step import build_policy
+from atlas.rl.serving import build_policy
 from atlas.stages.checks import exported_actor_reproduces
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from atlas.config import RuntimeConfig
+from atlas.runtime import kv_pool
 from atlas.runtime.engine import GenerationRequest
-from atlas.runtime.fast_engine import StaticEngine, bucket, cache_length, packed_gqa_attention
+from atlas.runtime.fast_engine import StaticEngine, bucket, pool_positions
+from atlas.runtime.kv_pool import KVPool, Layout, pool_attention
 from atlas.runtime.sampling import M32, gumbel, keys_for, row_key, sample, top_p_keep, uniform
 from atlas.runtime.session import load_runtime
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
@@ -55,8 +59,11 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass():
     assert set(tokens.tolist()) == {0, 1}
 
 
-def test_buckets():
+def test_buckets_and_pool_sizes():
     assert [bucket(n, 8) for n in (1, 8, 9, 200, 256, 257)] == [8, 8, 16, 256, 256, 512]
+    # a quarter more than asked, rounded up to an eighth of the power of two above
+    assert [pool_positions(n) for n in (10, 1000, 340_000)] == [64, 1280, 458_752]
+    assert all(pool_positions(n) >= n + n // 4 for n in range(1, 5000, 7))
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +91,8 @@ def eager_static_engine(runtime, **kwargs) -> StaticEngine:
         hf.model,
         hf.vocab_size,
         hf.stop_token_ids,
-        hf.pad_token_id,
         banned_token_ids=runtime.grammars.banned_token_ids,
-        compile=False,
-        **kwargs,
+        **{"graphs": False, "compile": False} | kwargs,
     )
 
 
@@ -111,46 +116,92 @@ def test_static_engine_matches_the_hf_engine_token_for_token(runtime):
         assert all(lp == 0.0 for lp, s in zip(y.logprobs, y.sampled, strict=True) if s == 0)
         forced += y.sampled.count(0)
     assert forced > 0  # the call's fixed parts are forced tokens
-    # A second call reuses the cache of its bucket and still agrees; a token cap is honoured.
+    # Each request's segment holds its prompt and its cap (the grammar's bound, under 1000 here).
+    bound = requests[0].grammar.token_bound
+    assert fast._caps(requests)[0] == bound < 1000
+    assert fast.pool.positions >= fast.positions([len(r.prompt_ids) + bound for r in requests])
+    # A second call reuses the pool and still agrees; a token cap is honoured.
+    pool = fast.pool
     short = requests_for(runtime, 3, max_new=5)
     for x, y in zip(hf.generate(short), fast.generate(short), strict=True):
         assert x.token_ids == y.token_ids and len(y.token_ids) <= 5
-    width = max(len(r.prompt_ids) for r in short)
-    assert list(fast._caches)[-1] == (8, cache_length(width + 5, 64))  # (rows, positions), most recent last
+    assert fast.pool is pool
 
 
-def test_packed_gqa_decode_attention_equals_sdpa_over_repeated_heads():
-    """One query token per row against 3 KV heads shared by 4 query heads each, with a padding
-    mask: the packed form equals SDPA over the repeated KV heads."""
+def test_pool_attention_row_by_row_equals_attention_over_each_rows_keys():
+    """Three rows in scattered segments of a pool: a decode row (1 query after 6 cached keys), a
+    prompt (4 queries, 4 keys) and a prompt's tail (2 queries after 3 cached keys). Keys and
+    values land at write_at, and each row's queries see its own keys only, causally."""
     torch.manual_seed(0)
-    b, kv, groups, length, dim = 5, 3, 4, 37, 16
-    module = torch.nn.Module()
-    module.num_key_value_groups = groups
-    query = torch.randn(b, kv * groups, 1, dim)
-    key, value = torch.randn(b, kv, length, dim), torch.randn(b, kv, length, dim)
-    mask = torch.rand(b, 1, 1, length) > 0.3
-    mask[..., 0] = True
+    cfg = SimpleNamespace(
+        num_hidden_layers=2, num_key_value_heads=2, head_dim=8, hidden_size=32, num_attention_heads=4
+    )
+    pool = KVPool(cfg, 64, "cpu", torch.float32)
+    pool.kv.normal_()
+    rows = [(1, 7, 3), (4, 4, 20), (2, 5, 40)]  # (queries, used after the writes, segment start)
+    n = sum(r[0] for r in rows)
+    q = torch.randn(1, 4, n, 8)
+    k, v = torch.randn(1, 2, n, 8), torch.randn(1, 2, n, 8)
+    cu, write, host = [0], [], []
+    for queries, used, start in rows:
+        write += range(start + used - queries, start + used)
+        host.append((cu[-1], cu[-1] + queries, start, used))
+        cu.append(cu[-1] + queries)
+    layout = Layout(
+        pool=pool,
+        write_at=torch.tensor(write),
+        cu_q=torch.tensor(cu, dtype=torch.int32),
+        starts=torch.tensor([s for *_, s in rows] + [0], dtype=torch.int32),
+        used=torch.tensor([u for _, u, _ in rows], dtype=torch.int32),
+        max_q=4,
+        max_k=64,
+        rows=host,
+    )
+    before = pool.kv.clone()
+    out, _ = pool_attention(SimpleNamespace(layer_idx=1), q, k, v, None, scaling=0.5, atlas_kv=layout)
+    keys, values = pool.kv[1]
+    assert torch.equal(keys[write], k[0].transpose(0, 1)) and torch.equal(values[write], v[0].transpose(0, 1))
+    untouched = torch.ones(64, dtype=torch.bool)
+    untouched[write] = False
+    assert torch.equal(pool.kv[:, :, untouched], before[:, :, untouched]) and torch.equal(
+        pool.kv[0], before[0]
+    )
+    for (queries, used, start), (q0, *_) in zip(rows, host, strict=True):
+        ks, vs = keys[start : start + used], values[start : start + used]  # [used, 2, 8]
+        for i in range(queries):
+            sees = used - queries + i + 1  # query i is position used - queries + i
+            for h in range(4):
+                score = (q[0, h, q0 + i] @ ks[:sees, h // 2].T) * 0.5
+                want = score.softmax(-1) @ vs[:sees, h // 2]
+                assert torch.allclose(out[0, q0 + i, h], want, atol=1e-5)
 
-    def repeated_heads(q, m):  # what transformers' repeat_kv path computes, as [b, q, heads, d]
-        k, v = (t.repeat_interleave(groups, dim=1) for t in (key, value))
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.25).transpose(
-            1, 2
-        )
 
-    out, _ = packed_gqa_attention(module, query, key, value, mask, scaling=0.25)
-    assert out.shape == (b, 1, kv * groups, dim)
-    assert torch.allclose(out, repeated_heads(query, mask), atol=1e-6)
-    # A prompt (several query tokens) takes plain SDPA, the same numbers as the repeated heads.
-    q2 = torch.randn(b, kv * groups, 3, dim)
-    causal = torch.ones(3, length, dtype=torch.bool).tril(length - 3)[None, None].expand(b, 1, 3, length)
-    out2, _ = packed_gqa_attention(module, q2, key, value, causal, scaling=0.25)
-    assert torch.allclose(out2, repeated_heads(q2, causal), atol=1e-6)
+def test_the_decode_step_and_the_pick_read_no_tensor_on_the_host(tiny_model, monkeypatch):
+    """What a CUDA graph captures must never wait for the GPU (an .item(), a .tolist(), a Python
+    `if` on a tensor): on the meta device, which holds no values, the step and the pick still run,
+    through the FlashAttention path, on a bucket's buffers."""
+    cfg = AutoConfig.from_pretrained(tiny_model)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    engine = StaticEngine(model, cfg.vocab_size, [0], graphs=False, compile=False)
+    assert engine.flash
+    engine.pool = KVPool(cfg, 4096, torch.device("meta"), torch.bfloat16)
+    rb = engine._rows(16)
+    calls = []
+    attend = kv_pool.pool_attention
+    monkeypatch.setattr(kv_pool, "pool_attention", lambda *a, **k: calls.append(1) or attend(*a, **k))
+    kv_pool.register()
+    with torch.no_grad(), engine.pool_attention():  # as generate runs them
+        engine._decode(rb)
+        engine._pick_into(rb)
+    assert len(calls) == cfg.num_hidden_layers  # every layer attended through the pool
+    assert rb.logits.shape == (16, cfg.vocab_size) and rb.tok.device.type == "meta"
 
 
 def test_the_batch_shrinks_as_rows_finish_and_tokens_stay_the_same(runtime):
     """With min_batch 1, 5 requests start in 8 rows and move to 4, 2 and 1 rows as they finish
-    (their KV rows gathered); every row still equals the HF engine's, and the prompt's
-    attention implementation is given back afterwards."""
+    (only their logits move; their keys stay in the pool); every row still equals the HF engine's,
+    and the model's attention implementation is given back afterwards."""
     hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1)
     requests = requests_for(runtime, 5)
     a, b = hf.generate(requests), fast.generate(requests)
@@ -158,14 +209,14 @@ def test_the_batch_shrinks_as_rows_finish_and_tokens_stay_the_same(runtime):
     assert lengths[0] < lengths[1] < lengths[-1]  # rows finish at different steps
     assert_same_rows(a, b)
     assert {y.finish_reason for y in b} == {"stop"}
-    assert {rows for rows, _ in fast._caches} == {8, 4, 2, 1}
+    assert set(fast._buckets) == {8, 4, 2, 1} and fast.last_timing["shrinks"] == 3
+    assert fast.last_timing["steps"] == lengths[-1]
     assert hf.model.config._attn_implementation == "sdpa"
 
 
 def test_a_prompt_asked_several_times_is_computed_once(runtime):
-    """3 questions x 4 samples (different seeds): the prompt runs in a bucket of 4 rows, its KV
-    rows are copied to the 16-row batch, and every sample equals the HF engine's."""
-    # shrink off, so the 4-row cache can only be the prompts' own
+    """3 questions x 4 samples (different seeds): each prompt runs once in the prefill, its keys
+    are written to the 4 rows' segments, and every sample equals the HF engine's."""
     hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1, shrink=False)
     questions = requests_for(runtime, 3)
     requests = [
@@ -176,36 +227,58 @@ def test_a_prompt_asked_several_times_is_computed_once(runtime):
     a, b = hf.generate(requests), fast.generate(requests)
     assert len({tuple(y.token_ids) for y in b}) > 3  # the samples of one question differ
     assert_same_rows(a, b)
-    width = max(len(r.prompt_ids) for r in requests)
-    length = cache_length(width + 1000, 64)
-    assert set(fast._caches) == {(4, length), (16, length)}
+    assert fast.last_timing["prefill_tokens"] == sum(len(q.prompt_ids) for q in questions)
+
+
+def test_prompts_past_the_prefill_budget_run_in_several_forwards_with_the_same_tokens(runtime):
+    requests = requests_for(runtime, 5)
+    whole = eager_static_engine(runtime).generate(requests)
+    small = eager_static_engine(runtime, prefill_budget=1)  # every prompt a forward of its own
+    assert_same_rows(whole, small.generate(requests))
+    assert small.last_timing["prefill_tokens"] == sum(len(r.prompt_ids) for r in requests)
 
 
 def test_a_batch_past_the_cache_budget_runs_in_chunks_with_the_same_tokens(runtime):
-    """cache_bytes that fit 2 rows (with their shrink buckets): 5 requests run as 3 chunks, and
-    every row equals one batch's; a call at another length drops the caches of this one; a
-    budget under one row is refused with the numbers."""
+    """cache_bytes that fit 2 requests: 5 requests run as 3 chunks, and every row equals one
+    batch's; a budget under one request is refused with the numbers."""
     requests = requests_for(runtime, 5)
     whole = eager_static_engine(runtime, min_batch=1).generate(requests)
-    width = max(len(r.prompt_ids) for r in requests)
-    length = cache_length(width + 1000, 64)
-    probe = eager_static_engine(runtime)
-    two_rows = 2 * 2 * length * probe.position_bytes
-    fast = eager_static_engine(runtime, min_batch=1, cache_bytes=two_rows + 1)
-    assert (fast.chunk_rows(5, length), fast.chunk_rows(1, length)) == (2, 1)
+    probe = eager_static_engine(runtime, min_batch=1)
+    sizes = [len(r.prompt_ids) + c for r, c in zip(requests, probe._caps(requests), strict=True)]
+    two = max(probe.positions(sizes[k : k + 2]) for k in range(4))
+    fast = eager_static_engine(runtime, min_batch=1, cache_bytes=two * probe.position_bytes)
+    assert fast.chunks(requests) == [2, 2, 1]
     chunked = fast.generate(requests)
     assert fast.last_timing["chunks"] == 3
     assert_same_rows(whole, chunked)
-    assert max(rows for rows, _ in fast._caches) == 2
-    short = requests_for(runtime, 2, max_new=5)
-    fast.generate(short)
-    assert {n for _, n in fast._caches} == {cache_length(max(len(r.prompt_ids) for r in short) + 5, 64)}
-    tight = eager_static_engine(runtime, cache_bytes=probe.position_bytes)
-    with pytest.raises(RuntimeError, match=r"8 rows \(min_batch\) .* pass the engine's cache_bytes \(\d+\)"):
+    assert fast.pool.positions <= two
+    tight = eager_static_engine(runtime, cache_bytes=probe.position_bytes * 8)
+    with pytest.raises(
+        RuntimeError, match=r"one request needs \d+ key/value positions .* cache_bytes \(\d+\)"
+    ):
         tight.generate(requests)
-    # two rows fit, but the smallest bucket is 4 rows: refused rather than past the budget
-    with pytest.raises(RuntimeError, match=r"4 rows \(min_batch\)"):
-        eager_static_engine(runtime, min_batch=4, cache_bytes=two_rows + 1).chunk_rows(5, length)
+
+
+def test_the_sampler_compiles_once_for_every_bucket(runtime):
+    """The pick is compiled with the number of rows symbolic: the buckets of one call (8, 4, 2)
+    and of a later turn with longer prompts reuse the one graph dynamo traced."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    fast = eager_static_engine(runtime, min_batch=2, compile=backend)
+    requests = requests_for(runtime, 5)
+    first = fast.generate(requests)
+    assert set(fast._buckets) == {8, 4, 2} and len(graphs) == 1
+    assert_same_rows(runtime.engine.generate(requests), first)
+    turn = [
+        GenerationRequest(r.prompt_ids + g.token_ids, r.grammar, r.max_new_tokens, r.seed + 1)
+        for r, g in zip(requests[:3], first[:3], strict=True)
+    ]
+    fast.generate(turn)
+    assert len(graphs) == 1
 
 
 def test_a_runtime_on_a_gpu_generates_with_the_static_engine(runtime):
@@ -215,7 +288,7 @@ def test_a_runtime_on_a_gpu_generates_with_the_static_engine(runtime):
     model = runtime.engine.model
     assert type(make_runtime(model, runtime.tokenizer, RuntimeConfig()).engine) is HFEngine  # CPU
     fast = make_runtime(model, runtime.tokenizer, RuntimeConfig(), fast=True).engine
-    assert type(fast) is StaticEngine and not fast.compiled  # eager off CUDA
+    assert type(fast) is StaticEngine and not fast.graphs and not fast.flash  # float32 on a CPU
     requests = requests_for(runtime, 2, max_new=8)
     assert [g.token_ids for g in fast.generate(requests)] == [
         g.token_ids for g in runtime.engine.generate(requests)

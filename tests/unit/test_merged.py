@@ -79,7 +79,7 @@ def test_rollouts_sample_from_the_copy_the_config_names(ac, tiny_model, setting)
     from transformers import AutoTokenizer
 
     from atlas.config import RuntimeConfig
-    from atlas.rl.step import rollout_runtime
+    from atlas.rl.serving import rollout_runtime
 
     training = TRAINING.model_copy(update={"merged_rollouts": setting})
     rt, merged = rollout_runtime(

@@ -25,6 +25,7 @@ def write_run(root: Path, name: str, device: str = "cpu") -> tuple[RunFolder, Pa
             "run": [name] * 3,
             "step": [0, 1, 2],
             "timing_s/gen": [2.0, 4.0, 9.0],
+            "perf/rollout_tokens": [12.0, 24.0, 36.0],
             "timing_s/update_actor": [1.0, 3.0, 2.0],
             "timing_s/save_checkpoint": [0.5, None, 1.5],
             "perf/cpu_memory_used_gb": [1.25, 1.75, 1.5],
@@ -57,8 +58,9 @@ def test_rows_of_a_run_are_its_medians_and_sums(tmp_path):
         "cpu",
         SHAPE,
     )
-    # gen: median of 2, 4, 9 s; tokens are the sampled ones (10, 20, 30); rate = 60 / 15 s
-    assert (gen["steps"], gen["seconds"], gen["tokens"], gen["tokens_per_s"]) == (3, 4.0, 20, 4.0)
+    # gen: median of 2, 4, 9 s; tokens are the generated ones, forced included (12, 24, 36, not
+    # the sampled 10, 20, 30); rate = 72 / 15 s
+    assert (gen["steps"], gen["seconds"], gen["tokens"], gen["tokens_per_s"]) == (3, 4.0, 24, 4.8)
     assert gen["peak_memory_gb"] == 1.75 and gen["checkpoint_bytes"] is None
     # update_actor counts every token (100, 200, 300) over 1 + 3 + 2 s
     upd = rows["update_actor"]

@@ -84,6 +84,8 @@ STEP_METRIC_NAMES = [
     "timing_s/update_critic",
     "timing_s/update_actor",
     "timing_s/save_checkpoint",
+    "perf/rollout_tokens",
+    "perf/rollout_tokens_per_s",
     "perf/cpu_memory_used_gb",
     "perf/max_memory_allocated_gb",
 ]

@@ -98,6 +98,8 @@ METRIC_MEANINGS: dict[str, str] = {
     "timing_s/update_critic": "critic update seconds (measured)",
     "timing_s/update_actor": "actor update seconds (measured)",
     "timing_s/save_checkpoint": "compact checkpoint save seconds (measured; null without a save)",
+    "perf/rollout_tokens": "tokens the policy generated in the step's rollouts, forced ones included (measured)",
+    "perf/rollout_tokens_per_s": "those tokens over the rollout's seconds, timing_s/gen (measured)",
     "perf/cpu_memory_used_gb": "peak resident memory of the process, GiB (measured)",
     "perf/max_memory_allocated_gb": "peak CUDA memory allocated, GiB (measured; null on CPU)",
 }
@@ -344,8 +346,8 @@ def model_shape(model_dir: Path) -> str:
 
 # Which batch-math token count a phase processes: sampled tokens for generation, all for passes.
 PHASE_TOKENS = {
-    "gen": "sampled_tokens",
-    "gen_model": "sampled_tokens",
+    "gen": "perf/rollout_tokens",
+    "gen_model": "perf/rollout_tokens",
     "old_log_prob": "tokens",
     "ref": "tokens",
     "values": "tokens",

@@ -43,6 +43,18 @@ def step_summary(episodes: list[Episode], report: ProtocolReport) -> dict[str, f
     return out
 
 
+def rollout_throughput(episodes: list[Episode], seconds: float | None) -> dict[str, float]:
+    """perf/rollout_tokens: the tokens the policy generated in the step's rollouts (every
+    generation's, the grammar's forced tokens included); perf/rollout_tokens_per_s: those tokens
+    over the rollout's wall seconds (timing_s/gen: the model, the tools and the graders), as
+    verl's perf/throughput counts tokens over time."""
+    tokens = sum(r.generated_tokens for ep in episodes for r in ep.records)
+    out = {"perf/rollout_tokens": float(tokens)}
+    if seconds:
+        out["perf/rollout_tokens_per_s"] = tokens / seconds
+    return out
+
+
 def _moments(xs: list[float]) -> dict[str, float]:
     mean = sum(xs) / len(xs)
     std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))

@@ -26,12 +26,11 @@ from pathlib import Path
 import torch
 
 from atlas.config import GraderConfig, PPOConfig, RunConfig, RuntimeConfig, TrainingConfig, TrainSlice
-from atlas.model.liger import apply_liger, wanted
 from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
 from atlas.rl import journal
 from atlas.rl.distributed import DataParallel, Ranks, Share
-from atlas.rl.metrics import step_summary
+from atlas.rl.metrics import rollout_throughput, step_summary
 from atlas.rl.potentials import Potential, make_potential
 from atlas.rl.ppo import make_optimizers, make_schedulers, update
 from atlas.rl.rollout import (
@@ -40,47 +39,12 @@ from atlas.rl.rollout import (
     fill_records,
     step_questions,
 )
+from atlas.rl.serving import build_policy, rollout_runtime
 from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
 from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
 from atlas.runtime.rollouts import episode_specs
-from atlas.runtime.session import Runtime, load_model, make_runtime
+from atlas.runtime.session import Runtime
 from atlas.stage import log
-
-
-def build_policy(model_dir: Path, training: TrainingConfig, seed: int, device: str):
-    """The actor-critic on the base model, with gradient checkpointing and Liger kernels when the
-    config asks for them (both act in the updates: transformers recomputes layers in training
-    mode, and rollouts sample from their own model, see rollout_model)."""
-    base, tokenizer = load_model(model_dir, device)
-    return policy_on(base, training, seed, device), tokenizer
-
-
-def policy_on(base, training: TrainingConfig, seed: int, device: str) -> ActorCritic:
-    """build_policy over a base model already in memory (the benchmarks' shapes)."""
-    ac = ActorCritic(base, training, seed=seed).to(device)
-    cuda = torch.device(device).type == "cuda"
-    if training.ppo.on_gpu("gradient_checkpointing", cuda):
-        ac.peft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if wanted(training.ppo.liger, cuda):
-        apply_liger(ac.peft)
-    return ac
-
-
-def rollout_model(ac: ActorCritic, training: TrainingConfig, device: str) -> MergedModel | None:
-    """The merged serving copy of the actor (training.merged_rollouts), or None: sample through
-    the adapters."""
-    setting = training.merged_rollouts
-    on = torch.device(device).type == "cuda" if setting == "auto" else setting
-    return MergedModel(ac.peft, "actor") if on else None
-
-
-def rollout_runtime(
-    ac: ActorCritic, tokenizer, training: TrainingConfig, runtime: RuntimeConfig, device: str
-) -> tuple[Runtime, MergedModel | None]:
-    """The runtime rollouts sample through, and the merged serving copy it samples from (None:
-    through the adapters), as rollout_model chooses."""
-    merged = rollout_model(ac, training, device)
-    return make_runtime(ac.peft if merged is None else merged.model, tokenizer, runtime), merged
 
 
 def build_potential(cfg: RunConfig, ac: ActorCritic, snapshot: Path | None):
@@ -227,5 +191,6 @@ def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRol
         )
     )
     metrics.update(step_summary(whole.episodes, whole.report))
+    metrics.update(rollout_throughput(whole.episodes, whole.timings["timing_s/gen"]))
     metrics["training/global_step"] = float(step + 1)
     return whole, metrics

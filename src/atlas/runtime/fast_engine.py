@@ -4,102 +4,90 @@ Per generated token it returns the same things (id, log-prob under the masked di
 sampled 1 / forced 0, finish reason) and, with the same log-probs, the same tokens: sampling is
 atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast on a GPU:
 
-- a static KV cache (transformers' StaticCache) per (batch, length) bucket, reused across calls,
-  so every decode step has the same shapes and the one-token step can be captured as a CUDA graph
-  (torch.compile mode="reduce-overhead");
-- the grammar masks of the whole batch filled by xgrammar's BatchGrammarMatcher (C++ threads) on
-  the CPU while the GPU runs the next forward, then copied (pinned, non-blocking) and applied on
-  the GPU; sampling, log-probs and the forced test run on the GPU for the whole batch, and only
-  three small vectors come back each step;
-- one query token attends per key/value head (`packed_gqa_attention`): the query heads that share
-  a KV head are laid along the query axis, so the cache is read once per step. transformers'
-  SDPA path copies every KV head `n_rep` times (`repeat_kv`) in a compiled decode step, which on
-  a batch of 256 moves more bytes than the weights and the cache together;
-- when at most half the rows are still live, the batch moves to the smaller bucket (its KV rows
-  gathered into that bucket's cache): a step costs what the live rows need, not the batch that
-  started. Finished rows in a bucket feed their last token; nothing reads them.
+- keys and values live in one pool (atlas.runtime.kv_pool), each request in a segment sized to its
+  prompt plus its token cap; attention reads the positions a row has filled, not a padded cache's;
+- the prompts are one packed forward (a prompt asked by several rows, a question's samples, is
+  computed once and its keys and values written to every row's segment);
+- a decode step has static shapes per number of rows (a bucket: a power of two), whatever the
+  prompts' lengths: it is captured once as a CUDA graph per bucket and replayed, and the rows'
+  positions and segments are rewritten in a small buffer between replays. A new turn, a new batch
+  size or a shrinking batch never compiles or traces the model again;
+- the grammar masks of the whole batch are filled by xgrammar's BatchGrammarMatcher (C++ threads)
+  on the CPU while the GPU runs the next forward, then copied (pinned, non-blocking); sampling,
+  log-probs and the forced test run on the GPU for the whole batch (compiled once, for any
+  number of rows, and captured like the step), and only three small vectors come back a step;
+- when at most half the rows are still live, the batch moves to the smaller bucket: only the live
+  rows' logits move (their keys stay in the pool). Finished rows left in a bucket, and the
+  bucket's padding rows, write and read one scratch position each.
 
-The caches are bounded: a call drops the caches of other lengths (a later turn's prompts are
-longer), and a batch whose caches would pass `cache_bytes` (on a GPU, by default, half of the
-device's memory) is generated in consecutive chunks of rows that fit. Every request keeps its own
-sampling key, so chunks give the tokens one batch would.
+The pool grows to what a call needs (by a quarter more, to spare regrowth) up to `cache_bytes`
+(on a GPU, by default, half of the device's memory); a larger call is generated in consecutive
+chunks of requests that fit. Every request keeps its own sampling key, so chunks give the tokens
+one batch would. A larger pool is a new tensor: its graphs are captured again.
 
-On CPU (compile=False) it runs the same code eagerly; the tests compare it there with HFEngine.
+`last_timing` holds the last call's CPU seconds: `prefill_s`, `capture_s` (graph capture and the
+sampler's compile), `fill_s` (grammar masks), `launch_s`, `wait_s` (for the GPU), `host_s`
+(accepting tokens, bookkeeping), with `steps`, `shrinks`, `chunks`, `graphs` (captured) and
+`prefill_tokens` (the distinct prompts' tokens the prefill ran).
+
+On CPU (graphs and compile off) it runs the same functions eagerly; the tests compare it there
+with HFEngine token for token.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 import xgrammar as xgr
-from transformers import AttentionInterface, AttentionMaskInterface, StaticCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import sdpa_mask
 
-from atlas.model.fused_lora import fused_lora, has_lora
+from atlas.runtime import kv_pool
 from atlas.runtime.engine import Generation, GenerationRequest
+from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout
 from atlas.runtime.sampling import draw, seed_key, step_keys
 
-KEEP_CACHES = 8  # buckets kept: one call's batch and the smaller ones it shrinks into (~2x its memory)
-CACHE_SHARE = 0.5  # of the GPU's memory, for the KV caches when cache_bytes is not given
-PACKED_GQA = "atlas_packed_gqa"
-
-
-def packed_gqa_attention(
-    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs
-):
-    """SDPA for a decode step without copying the KV heads: the `n_rep` query heads of one KV
-    head become that head's query rows ([b, heads, 1, d] -> [b, kv_heads, n_rep, d]); a mask
-    shared by the heads ([b, 1, 1, L]) broadcasts over them. Anything else is plain SDPA."""
-    groups = getattr(module, "num_key_value_groups", 1)
-    shared_mask = attention_mask is None or attention_mask.shape[1] == attention_mask.shape[2] == 1
-    if query.shape[2] != 1 or groups == 1 or not shared_mask:
-        return sdpa_attention_forward(
-            module,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=dropout,
-            scaling=scaling,
-            is_causal=is_causal,
-            **kwargs,
-        )
-    b, heads, _, dim = query.shape
-    out = F.scaled_dot_product_attention(
-        query.reshape(b, heads // groups, groups, dim),
-        key,
-        value,
-        attn_mask=attention_mask,
-        dropout_p=dropout,
-        scale=scaling,
-    )
-    return out.reshape(b, heads, 1, dim).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(PACKED_GQA, packed_gqa_attention)
-AttentionMaskInterface.register(PACKED_GQA, sdpa_mask)
+CACHE_SHARE = 0.5  # of the GPU's memory, for the key/value pool when cache_bytes is not given
+PREFILL_BUDGET = 32768  # prompt tokens in one prefill forward at most (a longer prompt goes alone)
+# host buffer rows: positions fed, where their keys go, segment starts, used positions, pick keys
+POS, WRITE, START, USED, KEY = range(5)
 
 
 def bucket(n: int, minimum: int) -> int:
-    """The power of two at or above n (at least `minimum`): a few shapes, few compilations."""
+    """The power of two at or above n (at least `minimum`): few shapes, few graphs."""
     size = minimum
     while size < n:
         size *= 2
     return size
 
 
-def cache_length(n: int, multiple: int) -> int:
-    """Positions for n tokens: rounded up to a quarter of the power of two below n (and to
-    `multiple`), so a decode step reads at most ~25% padding of the KV cache while the number of
-    distinct lengths (each a compilation) stays logarithmic."""
-    step = max(multiple, bucket(n, 1) // 8)
-    return -(-n // step) * step
+def pool_positions(need: int) -> int:
+    """Positions for a pool that must hold `need`: a quarter more, rounded up to an eighth of the
+    power of two at or above it, so that the next turn's somewhat longer prompts still fit."""
+    want = need + need // 4
+    step = max(64, bucket(want, 1) // 8)
+    return -(-want // step) * step
+
+
+@dataclass
+class Rows:
+    """One bucket's buffers (kept across calls: a captured graph reads the same tensors)."""
+
+    rows: int
+    tok: torch.Tensor  # [rows] the pick's tokens, and the decode step's input
+    lp: torch.Tensor  # [rows] their log-probs
+    sampled: torch.Tensor  # [rows] their sampled flags
+    logits: torch.Tensor  # [rows, vocab] float32: the decode step's output, the pick's input
+    meta: torch.Tensor  # [5, rows + 1] int64 on the device: POS, WRITE, START, USED, KEY
+    meta_host: torch.Tensor  # the same, pinned
+    bitmask: torch.Tensor  # [rows, words] int32 grammar masks, pinned
+    bitmask_dev: torch.Tensor
+    out_host: dict[str, torch.Tensor]  # pinned copies of tok, lp, sampled
+    cu_q: torch.Tensor  # [rows + 1] int32: one query token per row
+    graphs: dict[str, torch.cuda.CUDAGraph] = field(default_factory=dict)
 
 
 class StaticEngine:
@@ -108,23 +96,22 @@ class StaticEngine:
         model,
         vocab_size: int,
         stop_token_ids: Sequence[int],
-        pad_token_id: int,
         temperature: float = 1.0,
         top_p: float = 1.0,
         constrained: bool = True,
         banned_token_ids: Sequence[int] = (),
-        compile: bool | None = None,
+        graphs: bool | None = None,
+        compile=None,
         min_batch: int = 8,
-        length_multiple: int = 64,
         shrink: bool = True,
         cache_bytes: int | None = None,
+        prefill_budget: int = PREFILL_BUDGET,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = vocab_size
         self.stop_token_ids = set(stop_token_ids)
-        self.pad_token_id = pad_token_id
         self.temperature = temperature
         self.top_p = top_p
         self.constrained = constrained
@@ -133,254 +120,358 @@ class StaticEngine:
         vocab = torch.arange(vocab_size, device=self.device)
         self._word, self._bit = vocab // 32, (vocab % 32).to(torch.int32)  # where token t's bit lives
         self.batch_matcher = xgr.BatchGrammarMatcher()
-        self.min_batch, self.length_multiple, self.shrink = min_batch, length_multiple, shrink
+        self.min_batch, self.shrink, self.prefill_budget = min_batch, shrink, prefill_budget
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.config = inner.config
-        self._cache_arg = (
-            "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
-        )
-        self._caches: dict[tuple[int, int], StaticCache] = {}
-        if cache_bytes is None and self.device.type == "cuda":
+        if getattr(self.config, "sliding_window", None) and getattr(self.config, "use_sliding_window", False):
+            raise ValueError(
+                f"{type(inner).__name__}: sliding-window attention is not supported by StaticEngine"
+            )
+        # every layer type gets no mask: the pool attention takes its rows from the Layout
+        self._masks = dict.fromkeys(getattr(self.config, "layer_types", None) or ["full_attention"])
+        self._masks.setdefault("full_attention", None)
+        cuda = self.device.type == "cuda"
+        self.flash = kv_pool.flash(self.device, self.dtype)  # else the attention runs row by row
+        if cache_bytes is None and cuda:
             cache_bytes = int(CACHE_SHARE * torch.cuda.get_device_properties(self.device).total_memory)
         self.cache_bytes = cache_bytes  # None: unbounded (CPU)
-        head_dim = getattr(self.config, "head_dim", None) or (
-            self.config.hidden_size // self.config.num_attention_heads
-        )
-        # keys and values of every layer at one position of one row
-        self.position_bytes = (
-            2
-            * self.config.num_hidden_layers
-            * self.config.num_key_value_heads
-            * head_dim
-            * torch.finfo(self.dtype).bits
-            // 8
-        )
-        # CPU seconds of the last generate call: filling masks, launching (pick and the next
-        # forward), waiting for the step's tokens, and reading them (accept, bookkeeping).
-        self.last_timing: dict = {}
-        cuda = self.device.type == "cuda"
-        self.compiled = cuda if compile is None else compile
-        if self.compiled:  # a graph per (rows, positions) bucket: more than dynamo's default 8
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self._step = (
-            torch.compile(self._decode, mode="reduce-overhead", fullgraph=False, dynamic=False)
-            if self.compiled
-            else self._decode
-        )
-        self._pick_fn = torch.compile(self._pick, dynamic=False) if self.compiled else self._pick
-        # Compiled, the actor's LoRA runs fused into the base GEMM (atlas.model.fused_lora), with
-        # fewer graph nodes than peft's forward (h200_rollout_1.7b_lora64{,_peft}.json).
-        self.fuse_lora = self.compiled and has_lora(model)
-
-    def chunk_rows(self, n: int, length: int) -> int:
-        """Rows generated together so that a batch's caches (its bucket and the smaller ones it
-        shrinks into: under twice the bucket) stay within cache_bytes; n when unbounded."""
-        if self.cache_bytes is None:
-            return n
-        fits = self.cache_bytes // (2 * length * self.position_bytes)
-        if fits < self.min_batch:  # the smallest bucket holds min_batch rows whatever the chunk
-            raise RuntimeError(
-                f"{self.min_batch} rows (min_batch) of KV cache at {length} positions "
-                f"({self.min_batch * 2 * length * self.position_bytes} bytes with their shrink buckets) "
-                f"pass the engine's cache_bytes ({self.cache_bytes})"
+        self.position_bytes = KVPool.position_bytes(self.config, self.dtype)
+        if graphs and not (cuda and self.flash):
+            raise ValueError(
+                f"CUDA graphs need a CUDA model in half precision (got {self.device}, {self.dtype})"
             )
-        rows = 1
-        while rows * 2 <= fits:  # a power of two: a bucket of its own
-            rows *= 2
-        return min(n, rows)
+        self.graphs = cuda and self.flash if graphs is None else graphs
+        compile = self.graphs if compile is None else compile
+        backend = "inductor" if compile is True else compile  # a name or a callable (the tests count)
+        # One compile for every bucket: the number of rows is a symbolic size.
+        self._pick_fn = torch.compile(self._pick, dynamic=True, backend=backend) if compile else self._pick
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.pool: KVPool | None = None
+        self._buckets: dict[int, Rows] = {}
+        self._state = None  # the model's adapter state the graphs were captured under
+        self.captures = 0  # graphs captured by this engine, over its life
+        self.last_timing: dict = {}
+        kv_pool.register()
 
-    def _cache(self, batch: int, length: int) -> StaticCache:
-        """The bucket's cache, zeroed; the most recently used buckets of this length are kept (a
-        cache of the report's model and batch takes tens of GB)."""
-        key = (batch, length)
-        cache = self._caches.pop(key, None) or StaticCache(config=self.config, max_cache_len=length)
-        self._caches[key] = cache
-        while len(self._caches) > KEEP_CACHES:
-            self._caches.pop(next(iter(self._caches)))
-        cache.reset()
-        return cache
+    # -- the pool and the buckets -------------------------------------------------------------
 
-    def _forward(self, ids, attention_mask, position_ids, cache_position, cache, keep: int | None):
-        kwargs = {self._cache_arg: cache}
-        if keep is not None:
-            kwargs["logits_to_keep"] = keep
-        return self.model(
-            input_ids=ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache_position=cache_position,
-            use_cache=True,
-            **kwargs,
-        ).logits[:, -1, : self.vocab_size]
+    def budget_positions(self) -> int | None:
+        return None if self.cache_bytes is None else self.cache_bytes // self.position_bytes
 
-    def _decode(self, ids, attention_mask, position_ids, cache_position, cache):
-        return self._forward(ids, attention_mask, position_ids, cache_position, cache, None).float()
+    def _ensure_pool(self, need: int) -> None:
+        if self.pool is not None and self.pool.positions >= need:
+            return
+        size = pool_positions(need)
+        if (budget := self.budget_positions()) is not None:
+            if need > budget:  # chunks() keeps every chunk within the budget
+                raise RuntimeError(f"{need} key/value positions asked of a pool of at most {budget}")
+            size = min(size, budget)
+        self.pool = None
+        self._drop_graphs()  # they write into the old pool
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the old pool's memory, before the larger one is taken
+        self.pool = KVPool(self.config, size, self.device, self.dtype)
+
+    def _drop_graphs(self) -> None:
+        """Forget every captured graph. Their memory pool goes with the last of them, so later
+        captures take a new pool handle (capturing into a handle whose graphs are all gone fails
+        an assertion in PyTorch's caching allocator)."""
+        for rb in self._buckets.values():
+            rb.graphs.clear()
+        if self.graphs:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+
+    def _rows(self, rows: int) -> Rows:
+        if rows in self._buckets:
+            return self._buckets[rows]
+        dev, pin = self.device, self.device.type == "cuda"
+        bitmask = xgr.allocate_token_bitmask(rows, self.vocab_size)
+        rb = Rows(
+            rows=rows,
+            tok=torch.zeros(rows, dtype=torch.long, device=dev),
+            lp=torch.zeros(rows, dtype=torch.float32, device=dev),
+            sampled=torch.zeros(rows, dtype=torch.bool, device=dev),
+            logits=torch.zeros(rows, self.vocab_size, dtype=torch.float32, device=dev),
+            meta=torch.zeros(5, rows + 1, dtype=torch.long, device=dev),
+            meta_host=torch.zeros(5, rows + 1, dtype=torch.long, pin_memory=pin),
+            bitmask=bitmask.pin_memory() if pin else bitmask,
+            bitmask_dev=torch.full_like(bitmask, -1, device=dev),
+            out_host={
+                k: torch.zeros(rows, dtype=d, pin_memory=pin)
+                for k, d in (("tok", torch.long), ("lp", torch.float32), ("sampled", torch.bool))
+            },
+            cu_q=torch.arange(rows + 1, dtype=torch.int32, device=dev),
+        )
+        self._buckets[rows] = rb
+        return rb
+
+    def _model_state(self):
+        """What a captured graph bakes in beside the weights: peft's active and disabled adapters."""
+        layers = [m for m in self.model.modules() if hasattr(m, "lora_A")]
+        if not layers:
+            return None
+        return tuple(layers[0].active_adapters), any(m.disable_adapters for m in layers)
+
+    # -- the forward, the step and the pick ---------------------------------------------------
+
+    @contextlib.contextmanager
+    def pool_attention(self):
+        """The model attends through the pool ("atlas_pool") for the block, then as before."""
+        before = self.config._attn_implementation  # the base model's config (through peft)
+        self.config._attn_implementation = POOL_ATTENTION
+        try:
+            yield
+        finally:
+            self.config._attn_implementation = before
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, layout: Layout, keep) -> torch.Tensor:
+        """The model over one packed row of tokens; logits of the kept positions, [K, vocab]."""
+        out = self.model(
+            input_ids=ids[None],
+            position_ids=positions[None],
+            attention_mask=self._masks,
+            use_cache=False,
+            logits_to_keep=keep,
+            atlas_kv=layout,
+        )
+        return out.logits[0, :, : self.vocab_size].float()
+
+    def _decode(self, rb: Rows) -> None:
+        """One decode step of the bucket: rb.tok fed at the positions in rb.meta; rb.logits out."""
+        m, r = rb.meta, rb.rows
+        layout = Layout(
+            pool=self.pool,
+            write_at=m[WRITE, :r],
+            cu_q=rb.cu_q,
+            starts=m[START].to(torch.int32),
+            used=m[USED, :r].to(torch.int32),
+            max_q=1,
+            max_k=self.pool.positions,
+        )
+        if not self.flash:
+            starts, used = m[[START, USED], :r].tolist()
+            layout.rows = [(i, i + 1, s, u) for i, (s, u) in enumerate(zip(starts, used, strict=True))]
+        rb.logits.copy_(self._forward(rb.tok, m[POS, :r], layout, keep=0))
 
     def _pick(self, logits: torch.Tensor, bitmask: torch.Tensor, keys: torch.Tensor):
         """Tokens, their log-probs (0 where forced) and the sampled flags, all on the device: the
         temperature, the ban, the grammar's bitmask (bit t % 32 of word t // 32 set: allowed),
         log-softmax and the Gumbel-max draw, compiled into a few fused kernels on a GPU."""
-        logits = logits.float() / self.temperature
+        logits = logits / self.temperature
         if self.constrained:
             allowed_bits = (bitmask[:, self._word] >> self._bit) & 1
             logits = torch.where((allowed_bits == 1) & self._unbanned, logits, float("-inf"))
         return draw(logits, keys, self.top_p)
 
-    def _prefill(self, prompts: Sequence[Sequence[int]], rows: int, width: int, length: int):
-        """The prompts left-padded into a cache of `rows` x `length` positions, run once each: a
-        prompt asked several times (a question's samples) is computed once and its KV rows are
-        copied. Padding rows hold one pad token (a copy of the first prompt when prompts are
-        shared); nothing reads them. Returns the cache, the attention mask over all
-        positions, the prompt positions and the last prompt token's logits, one row per row."""
-        dev = self.device
-        unique: dict[tuple[int, ...], int] = {}
-        of = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
-        once = bucket(len(unique), self.min_batch)
-        if once >= rows:  # nothing to share (or no smaller bucket to compute it in)
-            once, of, texts = rows, list(range(len(prompts))), list(prompts)
-        else:
-            texts = list(unique)
-        ids = torch.full((once, width), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((once, length), dtype=torch.long)
-        for i, p in enumerate(texts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            attn[i, width - len(p) : width] = 1
-        attn[len(texts) :, width - 1] = 1
-        positions = (attn[:, :width].cumsum(-1) - 1).clamp(min=0)
-        ids, attn, positions = ids.to(dev), attn.to(dev), positions.to(dev)
-        cache = self._cache(once, length)
-        logits = self._forward(ids, attn, positions, torch.arange(width, device=dev), cache, keep=1)
-        if once == rows:
-            return cache, attn, positions, logits
-        index = torch.tensor(of + [0] * (rows - len(of)), device=dev)  # padding rows: unread copies
-        return (
-            self._gather(cache, index, length),
-            *(t.index_select(0, index) for t in (attn, positions, logits)),
-        )
+    def _pick_into(self, rb: Rows) -> None:
+        tokens, lp, sampled = self._pick_fn(rb.logits, rb.bitmask_dev, rb.meta[KEY, : rb.rows])
+        rb.tok.copy_(tokens)
+        rb.lp.copy_(lp)
+        rb.sampled.copy_(sampled)
 
-    def _gather(self, cache: StaticCache, index: torch.Tensor, length: int) -> StaticCache:
-        """The rows `index` of `cache`, in that order, in the cache of the bucket of len(index)
-        rows (kept between calls, so a compiled step sees the same tensors each time)."""
-        target = self._cache(len(index), length)
-        for old, new in zip(cache.layers, target.layers, strict=True):
-            if not new.is_initialized:  # shapes, dtype and device from a template of the new batch
-                keys, values = (t[:1].expand(len(index), -1, -1, -1) for t in (old.keys, old.values))
-                init = new.lazy_initialization
-                init(keys, values) if len(inspect.signature(init).parameters) == 2 else init(keys)
-            new.keys.copy_(old.keys.index_select(0, index))
-            new.values.copy_(old.values.index_select(0, index))
-            if isinstance(getattr(old, "cumulative_length", None), torch.Tensor):
-                new.cumulative_length.copy_(old.cumulative_length)
-            elif hasattr(old, "cumulative_length"):
-                new.cumulative_length = old.cumulative_length
-        return target
+    def _run(self, rb: Rows, fn) -> None:
+        """fn(rb) eagerly, or its CUDA graph (captured on the bucket's first use with this pool)."""
+        if not self.graphs:
+            return fn(rb)
+        name = fn.__name__
+        if name not in rb.graphs:
+            t = time.perf_counter()
+            current, stream = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
+            stream.wait_stream(current)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                fn(rb)  # warm-up: lazy initialisation, workspaces, the pick's compile
+                # Both functions only rewrite their outputs from their inputs: the warm-up's work is
+                # the replay's. Other threads (graders, the device sampler) may use CUDA meanwhile.
+                graph.capture_begin(pool=self._graph_pool, capture_error_mode="thread_local")
+                try:
+                    fn(rb)
+                finally:
+                    graph.capture_end()
+            current.wait_stream(stream)
+            rb.graphs[name] = graph
+            self.captures += 1
+            self._clock["graphs"] += 1
+            self._clock["capture_s"] += time.perf_counter() - t
+        rb.graphs[name].replay()
+
+    # -- prompts ------------------------------------------------------------------------------
+
+    def _prefill(self, prompts: Sequence[Sequence[int]], starts: np.ndarray) -> torch.Tensor:
+        """Every distinct prompt once, packed, its keys and values written to the segment of each
+        row that asked it. Returns the logits after each row's prompt, [rows, vocab]."""
+        dev = self.device
+        unique: dict[tuple[int, ...], list[int]] = {}
+        for i, p in enumerate(prompts):
+            unique.setdefault(tuple(p), []).append(i)
+        batches, batch, tokens = [], [], 0
+        for prompt in unique:
+            if batch and tokens + len(prompt) > self.prefill_budget:
+                batches.append(batch)
+                batch, tokens = [], 0
+            batch.append(prompt)
+            tokens += len(prompt)
+        batches.append(batch)
+        logits = torch.empty(len(prompts), self.vocab_size, dtype=torch.float32, device=dev)
+        for batch in batches:
+            lengths = [len(p) for p in batch]
+            self._clock["prefill_tokens"] += sum(lengths)
+            cu = np.concatenate([[0], np.cumsum(lengths)])
+            first = [unique[p][0] for p in batch]
+            write = np.concatenate([starts[f] + np.arange(n) for f, n in zip(first, lengths, strict=True)])
+            src, dst = [], []
+            for p, c0, n in zip(batch, cu, lengths, strict=False):
+                for row in unique[p][1:]:
+                    src.append(c0 + np.arange(n))
+                    dst.append(starts[row] + np.arange(n))
+            layout = Layout(
+                pool=self.pool,
+                write_at=torch.from_numpy(write).to(dev),
+                cu_q=torch.from_numpy(cu).to(dev, torch.int32),
+                starts=torch.tensor([starts[f] for f in first] + [0], dtype=torch.int32, device=dev),
+                used=torch.tensor(lengths, dtype=torch.int32, device=dev),
+                max_q=max(lengths),
+                max_k=max(lengths),
+                copy_src=torch.from_numpy(np.concatenate(src)).to(dev) if src else None,
+                copy_dst=torch.from_numpy(np.concatenate(dst)).to(dev) if dst else None,
+            )
+            if not self.flash:
+                layout.rows = [
+                    (int(c), int(c + n), int(starts[f]), n)
+                    for c, n, f in zip(cu, lengths, first, strict=False)
+                ]
+            ids = torch.tensor([t for p in batch for t in p], dtype=torch.long, device=dev)
+            positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths])).to(dev)
+            last = torch.from_numpy(cu[1:] - 1).to(dev)
+            out = self._forward(ids, positions, layout, keep=last)
+            for k, p in enumerate(batch):
+                index = torch.tensor(unique[p], device=dev)
+                logits.index_copy_(0, index, out[k : k + 1].expand(len(index), -1))
+        return logits
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def _caps(self, requests: Sequence[GenerationRequest]) -> list[int]:
+        """Tokens each request may generate: its cap, or its grammar's hard bound when lower."""
+        if not self.constrained:
+            return [r.max_new_tokens for r in requests]
+        return [min(r.max_new_tokens, r.grammar.token_bound) for r in requests]
+
+    def positions(self, sizes: Sequence[int]) -> int:
+        """Pool positions a chunk of requests with these segment sizes needs: the segments, then
+        one scratch position per row of its bucket (and one more for the bucket's last start)."""
+        return sum(sizes) + bucket(len(sizes), self.min_batch) + 1
+
+    def chunks(self, requests: Sequence[GenerationRequest]) -> list[int]:
+        """Consecutive chunk sizes whose positions fit the pool's budget."""
+        budget = self.budget_positions()
+        sizes = [len(r.prompt_ids) + c for r, c in zip(requests, self._caps(requests), strict=True)]
+        if budget is None:
+            return [len(requests)]
+        out, chunk = [], []
+        for size in sizes:
+            if self.positions([size]) > budget:
+                raise RuntimeError(
+                    f"one request needs {self.positions([size])} key/value positions "
+                    f"({self.positions([size]) * self.position_bytes} bytes with its scratch rows), "
+                    f"past the engine's cache_bytes ({self.cache_bytes})"
+                )
+            if chunk and self.positions([*chunk, size]) > budget:
+                out.append(len(chunk))
+                chunk = []
+            chunk.append(size)
+        out.append(len(chunk))
+        return out
 
     @torch.no_grad()
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         if not requests:
             return []
-        before = self.config._attn_implementation  # the base model's config (through peft)
-        self.config._attn_implementation = PACKED_GQA
-        try:
-            with fused_lora(self.model) if self.fuse_lora else contextlib.nullcontext():
-                return self._generate(requests)
-        finally:
-            self.config._attn_implementation = before
-
-    def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        width = max(len(r.prompt_ids) for r in requests)
-        cap = max(r.max_new_tokens for r in requests)
-        length = cache_length(width + cap, self.length_multiple)
-        for key in [k for k in self._caches if k[1] != length]:  # another turn's: not read again soon
-            del self._caches[key]
-        step = self.chunk_rows(len(requests), length)
-        outs, timing = [], None
-        for start in range(0, len(requests), step):
-            outs += self._generate_chunk(requests[start : start + step], width, cap, length)
-            timing = _add_timing(timing, self.last_timing)
-        self.last_timing = timing | {"chunks": -(-len(requests) // step)}
+        state = self._model_state()
+        if state != self._state:  # adapters switched on or off: graphs captured before are stale
+            self._drop_graphs()
+            self._state = state
+        self._clock = dict.fromkeys(
+            ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s"), 0.0
+        ) | dict.fromkeys(("steps", "shrinks", "graphs", "prefill_tokens"), 0)
+        outs, start = [], 0
+        sizes = self.chunks(requests)
+        with self.pool_attention():
+            for n in sizes:
+                outs += self._generate_chunk(requests[start : start + n])
+                start += n
+        self.last_timing = self._clock | {"chunks": len(sizes)}
         return outs
 
-    def _generate_chunk(self, requests, width: int, cap: int, length: int) -> list[Generation]:
-        """Requests whose caches fit, as one batch in a cache of `length` positions; prompts
-        left-padded to `width`, at most `cap` new tokens."""
-        n = len(requests)
+    def _generate_chunk(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        n, clock, dev = len(requests), self._clock, self.device
+        caps = self._caps(requests)
+        lengths = np.array([len(r.prompt_ids) for r in requests], dtype=np.int64)  # keys held per request
+        starts = np.concatenate([[0], np.cumsum(lengths + np.array(caps))]).astype(np.int64)
         rows = bucket(n, self.min_batch)
-        dev = self.device
-        cache, attn, positions, logits = self._prefill([r.prompt_ids for r in requests], rows, width, length)
+        scratch = int(starts[-1])  # bucket row j's scratch position: scratch + j
+        self._ensure_pool(self.positions(list(lengths + np.array(caps))))
+        t = time.perf_counter()
+        first = self._prefill([r.prompt_ids for r in requests], starts)
+        rb = self._rows(rows)
+        rb.logits[:n] = first
+        rb.logits[n:] = 0.0
+        clock["prefill_s"] += time.perf_counter() - t
+
         outs = [Generation() for _ in requests]
         matchers = [xgr.GrammarMatcher(r.grammar.grammar) for r in requests]
+        seeds = np.array([seed_key(r.seed) for r in requests], dtype=np.int64)
         active = list(range(n))
-        row_of = list(range(n))  # request -> its row in the batch (rows move when the batch shrinks)
+        row_of = list(range(n))  # request -> its row in the bucket (rows move when the batch shrinks)
+        rb.bitmask.fill_(-1)
         pin = dev.type == "cuda"
-        bitmask_host = xgr.allocate_token_bitmask(rows, self.vocab_size)
-        bitmask_host = bitmask_host.pin_memory() if pin else bitmask_host
-        bitmask_dev_full = torch.full_like(bitmask_host, -1, device=dev)
-        bitmask, bitmask_dev = bitmask_host, bitmask_dev_full
-        last_pos = positions[:, -1:].clone()
-        seed_keys = torch.tensor(
-            [seed_key(r.seed) for r in requests] + [0] * (rows - n), dtype=torch.int64, device=dev
-        )
-        host_full = {
-            k: torch.empty(rows, dtype=d, pin_memory=pin)
-            for k, d in (("tok", torch.long), ("lp", torch.float32), ("sampled", torch.bool))
-        }
-        host = host_full
         copied = torch.cuda.Event() if pin else None
-        # Cache positions of the decode steps, made once: a tensor built from a Python list on
-        # the device would wait for the GPU (a pageable copy syncs the stream) every step.
-        step_positions = torch.arange(width, width + cap, device=dev)
-        clock = dict.fromkeys(("fill_s", "launch_s", "wait_s", "host_s"), 0.0) | {"shrinks": 0}
-        self.last_timing = clock
-
+        cap = max(caps)
         step = 0
         while active:
             smaller = bucket(len(active), self.min_batch)
-            if self.shrink and smaller < rows:
-                # Live rows first, then finished ones to fill the bucket (their tokens are unread).
-                live = [row_of[i] for i in active]
-                taken = set(live)
-                order = live + [r for r in range(rows) if r not in taken][: smaller - len(live)]
-                index = torch.tensor(order, device=dev)
-                cache = self._gather(cache, index, length)
-                attn, last_pos, seed_keys, logits = (
-                    t.index_select(0, index) for t in (attn, last_pos, seed_keys, logits)
-                )
-                rows = smaller
+            if self.shrink and smaller < rb.rows:
+                # Only the live rows' logits move: their keys stay where they are in the pool.
+                index = torch.tensor([row_of[i] for i in active], device=dev)
+                small = self._rows(smaller)
+                small.logits[: len(active)] = rb.logits.index_select(0, index)
+                small.logits[len(active) :] = 0.0
+                rb = small
                 for k, i in enumerate(active):
                     row_of[i] = k
-                bitmask, bitmask_dev = bitmask_host[:rows], bitmask_dev_full[:rows]
-                bitmask[len(active) :] = -1
-                host = {k: v[:rows] for k, v in host_full.items()}
+                rb.bitmask.fill_(-1)
                 clock["shrinks"] += 1
             t0 = time.perf_counter()
-            if self.constrained:  # the masks for this step; the forward that made `logits` ran meanwhile
+            live = np.array([row_of[i] for i in active])
+            if self.constrained:  # the masks for this step; the forward that made the logits ran meanwhile
                 self.batch_matcher.batch_fill_next_token_bitmask(
-                    [matchers[i] for i in active], bitmask, indices=[row_of[i] for i in active]
+                    [matchers[i] for i in active], rb.bitmask, indices=live.tolist()
                 )
-                bitmask_dev.copy_(bitmask, non_blocking=pin)
+                rb.bitmask_dev.copy_(rb.bitmask, non_blocking=pin)
             mask_s = time.perf_counter() - t0
             clock["fill_s"] += mask_s
-            if any(requests[i].bias is not None for i in active):  # scripted boundary cases only
-                logits = logits.float()
-                for i in active:
-                    if (
-                        requests[i].bias is not None
-                        and (b := requests[i].bias(outs[i].token_ids)) is not None
-                    ):
-                        logits[row_of[i]] += b[: self.vocab_size].to(dev)
-            tokens, lp, sampled = self._pick_fn(logits, bitmask_dev, step_keys(seed_keys, step))
-            for k, v in (("tok", tokens), ("lp", lp), ("sampled", sampled)):
-                host[k].copy_(v, non_blocking=pin)
+            for i in active:  # scripted boundary cases only
+                if requests[i].bias is not None and (b := requests[i].bias(outs[i].token_ids)) is not None:
+                    rb.logits[row_of[i]] += b[: self.vocab_size].to(dev)
+            # This step's sampling keys, and where the tokens it picks go in the pool when fed.
+            h, own = rb.meta_host.numpy(), np.asarray(active)
+            h[:] = 0
+            h[WRITE] = h[START] = scratch + np.arange(rb.rows + 1)  # finished and padding rows
+            h[USED] = 1
+            h[POS, live] = lengths[own]
+            h[WRITE, live] = starts[own] + lengths[own]
+            h[START, live] = starts[own]
+            h[USED, live] = lengths[own] + 1
+            h[KEY, live] = step_keys(seeds[own], step)
+            rb.meta.copy_(rb.meta_host, non_blocking=pin)
+            self._run(rb, self._pick_into)
+            for k, v in rb.out_host.items():
+                v.copy_(getattr(rb, k), non_blocking=pin)
             if pin:
                 copied.record()
             # The next forward goes in the queue before the CPU waits for this step's tokens.
-            last_pos += 1
-            attn[:, width + step] = 1
             if step + 1 < cap:
-                logits = self._step(
-                    tokens.view(rows, 1), attn, last_pos, step_positions[step : step + 1], cache
-                )
+                self._run(rb, self._decode)
             t1 = time.perf_counter()
             if pin:
                 copied.synchronize()
@@ -388,7 +479,7 @@ class StaticEngine:
             clock["launch_s"] += t1 - t0 - mask_s
             clock["wait_s"] += t2 - t1
 
-            toks, lps, flags = host["tok"].tolist(), host["lp"].tolist(), host["sampled"].tolist()
+            toks, lps, flags = (rb.out_host[k].tolist() for k in ("tok", "lp", "sampled"))
             if self.constrained:
                 accepted = self.batch_matcher.batch_accept_token(
                     [matchers[i] for i in active], [toks[row_of[i]] for i in active]
@@ -398,30 +489,25 @@ class StaticEngine:
                     raise RuntimeError(
                         f"grammar rejected token {toks[row_of[i]]} it had allowed (row {i}, step {step})"
                     )
+            lengths[own] += 1  # the token just fed holds its keys now
             still = []
             for i in active:
-                g, tok = outs[i], toks[row_of[i]]
+                g, r = outs[i], row_of[i]
+                tok = toks[r]
                 g.mask_s += mask_s / len(active)
                 g.token_ids.append(tok)
-                g.logprobs.append(lps[row_of[i]])
-                g.sampled.append(int(flags[row_of[i]]))
+                g.logprobs.append(lps[r])
+                g.sampled.append(int(flags[r]))
                 if tok in self.stop_token_ids and (not self.constrained or matchers[i].is_terminated()):
                     g.finish_reason = "stop"
-                elif len(g.token_ids) >= requests[i].max_new_tokens:
+                elif len(g.token_ids) >= caps[i]:
                     g.finish_reason = "length"
                 else:
                     still.append(i)
             for i in set(active) - set(still):
-                bitmask[row_of[i]] = -1  # a finished row: anything goes; its tokens are never read
+                rb.bitmask[row_of[i]] = -1  # a finished row: anything goes; its tokens are never read
             active = still
             step += 1
             clock["host_s"] += time.perf_counter() - t2
-        clock["steps"] = step
+        clock["steps"] += step
         return outs
-
-
-def _add_timing(total: dict | None, part: dict) -> dict:
-    """The clock of several chunks: seconds, shrinks and steps summed."""
-    if total is None:
-        return dict(part)
-    return {k: total[k] + part[k] for k in part}

@@ -126,15 +126,17 @@ def make_runtime(
     rt = tool_runtime(tokenizer, model.config.vocab_size, cfg, model=model)
     if fast is None:
         fast = next(model.parameters()).device.type == "cuda"
-    rt.engine = (StaticEngine if fast else HFEngine)(
-        model,
-        model.config.vocab_size,
-        rt.stop_ids,
-        tokenizer.pad_token_id,
-        cfg.temperature,
-        cfg.top_p,
+    common = dict(
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
         constrained=constrained,
         banned_token_ids=sorted(rt.grammars.banned_token_ids),
+    )
+    vocab = model.config.vocab_size
+    rt.engine = (
+        StaticEngine(model, vocab, rt.stop_ids, **common)
+        if fast
+        else HFEngine(model, vocab, rt.stop_ids, tokenizer.pad_token_id, **common)
     )
     return rt
 

@@ -58,7 +58,8 @@ from atlas.contracts.parquet import read_table
 from atlas.hashing import atomic_dir, atomic_write_json, is_bookkeeping, write_manifest
 from atlas.model.liger import applied, apply_liger
 from atlas.rl.checkpoint import load_trainable
-from atlas.rl.step import build_policy, open_session, train_step
+from atlas.rl.serving import build_policy
+from atlas.rl.step import open_session, train_step
 from atlas.runtime.inputs import training_inputs, training_parser
 from atlas.runtime.session import load_model
 from atlas.stage import code_files, log, run

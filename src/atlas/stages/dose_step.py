@@ -1,7 +1,7 @@
 """Dose step: one PPO step from the same start at several shaping doses, on identical rollouts.
 
 The rollouts of schedule step 0 are made once, with the initial policy, sampled as the trainer
-samples (atlas.rl.step.rollout_runtime: the merged serving copy on a GPU). For each dose d the
+samples (atlas.rl.serving.rollout_runtime: the merged serving copy on a GPU). For each dose d the
 policy and optimizers are reset to that start, the records are shaped with
 dose d * (gamma * Phi(s') - Phi(s)) (Phi: the frozen critic snapshot by default), and one update
 runs. Because the shaping telescopes, every episode's shaped return (sum_k gamma^k reward_k over
@@ -31,7 +31,8 @@ from atlas.rl.metrics import call_advantages, step_summary
 from atlas.rl.ppo import make_batch, make_optimizers, prepare, update
 from atlas.rl.replay import replay_masks
 from atlas.rl.rollout import fill_records, shape, step_questions
-from atlas.rl.step import build_policy, build_potential, rollout_runtime
+from atlas.rl.serving import build_policy, rollout_runtime
+from atlas.rl.step import build_potential
 from atlas.runtime.inputs import read_questions, read_tests, rollout_parser, training_inputs
 from atlas.runtime.records import write_records
 from atlas.runtime.rollouts import check_protocol, episode_specs, rollout

@@ -35,7 +35,7 @@ from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.contracts.runs import STEP_METRICS
 from atlas.hashing import MANIFEST, aside_path, atomic_write_json, sha256_file
 from atlas.rl import journal
-from atlas.rl.metrics import call_advantages, step_summary
+from atlas.rl.metrics import call_advantages, rollout_throughput, step_summary
 from atlas.runtime.protocol import ProtocolReport
 from atlas.runtime.records import ExecutionRecord
 from atlas.runtime.rollouts import validation_rows
@@ -166,6 +166,7 @@ def step_metrics(verl: dict[str, Any], episodes: list[StoredEpisode], report: Pr
     metrics = {k: float(v) for k, v in verl.items() if k in STEP_METRICS and v is not None}
     metrics.update(step_summary(episodes, report))
     metrics["timing_s/gen_tools"] = sum(r.timing_s_tool for ep in episodes for r in ep.records)
+    metrics.update(rollout_throughput(episodes, metrics.get("timing_s/gen")))
     return metrics
 
 

@@ -1,0 +1,155 @@
+"""The rollout engine's key/value store: one pool of positions per layer, a segment of it per row.
+
+    pool.kv[layer, 0 | 1]      [positions, kv_heads, head_dim]: keys | values
+    row r's segment            positions [start_r, start_r + size_r): its prompt, then its tokens
+
+A forward of the engine (atlas.runtime.fast_engine) packs its tokens into one row of N tokens and
+hands the model a `Layout`: where each token's key and value go in the pool, which of the N
+tokens belong to which row, and how many positions of each row's segment hold keys once they are
+written. The attention function registered as "atlas_pool" writes the forward's keys and values
+there, then attends each row's queries over its own used positions, causally (a row's queries
+are its last tokens):
+
+- on a GPU in half precision through FlashAttention-2's variable-length kernel (the one PyTorch
+  ships, aten._flash_attention_forward) with `seqused_k`, so a decode step reads the keys each
+  row has, not a padded cache's, and the grouped query heads share each KV head's reads;
+- otherwise (a CPU, float32) row by row with SDPA, from host copies of the rows' bounds
+  (`Layout.rows`): the same function, for the tests, and not capturable.
+
+A prefill and a decode step are the same forward: a prompt is N tokens of one row, a decode step
+one token of each row. Nothing here reads a tensor's value on the host, so a decode step can be
+captured as a CUDA graph: its shapes depend only on the number of rows, and the layout's tensors
+are rewritten in place between replays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+POOL_ATTENTION = "atlas_pool"
+
+
+@dataclass
+class Layout:
+    """What one forward writes and reads. Tensors are on the pool's device."""
+
+    pool: KVPool
+    write_at: torch.Tensor  # [N] int64: pool position of each of the forward's N tokens
+    cu_q: torch.Tensor  # [R + 1] int32: row r's tokens are [cu_q[r], cu_q[r + 1]) of the N
+    starts: torch.Tensor  # [R + 1] int32: row r's segment starts at starts[r] (the last is unused)
+    used: torch.Tensor  # [R] int32: positions of row r's segment holding keys after the writes
+    max_q: int  # at least every row's token count in this forward
+    max_k: int  # at least every used[r]
+    # A prompt asked by several rows is computed once: its keys and values are also written to
+    # the other rows' segments (copy_dst[j] <- the forward's token copy_src[j]).
+    copy_src: torch.Tensor | None = None
+    copy_dst: torch.Tensor | None = None
+    # (q0, q1, start, used) per row, on the host: set, the attention runs row by row with SDPA
+    rows: list[tuple[int, int, int, int]] | None = None
+
+
+class KVPool:
+    """Keys and values of `positions` positions for every layer of a model, in the model's dtype."""
+
+    def __init__(self, config, positions: int, device, dtype):
+        self.layers = config.num_hidden_layers
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.positions = positions
+        self.kv = torch.zeros(
+            (self.layers, 2, positions, self.kv_heads, self.head_dim), device=device, dtype=dtype
+        )
+
+    @staticmethod
+    def position_bytes(config, dtype) -> int:
+        """Bytes of one position: a key and a value in every layer."""
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return (
+            2
+            * config.num_hidden_layers
+            * config.num_key_value_heads
+            * head_dim
+            * torch.finfo(dtype).bits
+            // 8
+        )
+
+
+def flash(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a pool on `device` in `dtype` attends through FlashAttention-2: CUDA (or meta) in half
+    precision. Anywhere else the engine sets Layout.rows."""
+    return device.type != "cpu" and dtype in (torch.float16, torch.bfloat16)
+
+
+def pool_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    atlas_kv: Layout | None = None,
+    **kwargs,
+):
+    """transformers attention over the pool ("atlas_pool"): query [1, Hq, N, D], key and value
+    [1, Hkv, N, D] of the forward's N packed tokens -> ([1, N, Hq, D], None)."""
+    if atlas_kv is None or query.shape[0] != 1:
+        raise ValueError(
+            f"{POOL_ATTENTION} attention needs the engine's packed row and its Layout (atlas_kv); "
+            f"got batch {query.shape[0]}, atlas_kv={atlas_kv is not None}"
+        )
+    if dropout:
+        raise ValueError(f"{POOL_ATTENTION} attention has no dropout (got {dropout})")
+    lay = atlas_kv
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [N, H, D]
+    keys, values = lay.pool.kv[module.layer_idx, 0], lay.pool.kv[module.layer_idx, 1]
+    keys.index_copy_(0, lay.write_at, k)
+    values.index_copy_(0, lay.write_at, v)
+    if lay.copy_src is not None:
+        keys.index_copy_(0, lay.copy_dst, k.index_select(0, lay.copy_src))
+        values.index_copy_(0, lay.copy_dst, v.index_select(0, lay.copy_src))
+    if lay.rows is None:  # FlashAttention-2 (CUDA, half precision; and the meta device of the tests)
+        out = torch.ops.aten._flash_attention_forward(
+            q.contiguous(),
+            keys,
+            values,
+            lay.cu_q,
+            lay.starts,
+            lay.max_q,
+            lay.max_k,
+            0.0,
+            True,  # bottom-right aligned: a row's queries are its last `n` used positions
+            False,
+            scale=scale,
+            seqused_k=lay.used,
+        )[0]
+        return out.unsqueeze(0), None
+    outs = []
+    for q0, q1, start, used in lay.rows:
+        n = q1 - q0
+        qs = q[q0:q1].transpose(0, 1)  # [Hq, n, D]
+        ks, vs = (t[start : start + used].transpose(0, 1) for t in (keys, values))
+        causal = torch.ones(n, used, dtype=torch.bool, device=q.device).tril(
+            used - n
+        )  # query i sees keys <= used - n + i
+        outs.append(
+            F.scaled_dot_product_attention(qs, ks, vs, attn_mask=causal, scale=scale, enable_gqa=True)
+        )
+    return torch.cat(outs, dim=1).transpose(0, 1).unsqueeze(0), None
+
+
+def _no_mask(*args, **kwargs):
+    return None  # the pool attention takes its rows from the Layout
+
+
+def register() -> None:
+    """Make "atlas_pool" known to transformers (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(POOL_ATTENTION, pool_attention)
+    AttentionMaskInterface.register(POOL_ATTENTION, _no_mask)
