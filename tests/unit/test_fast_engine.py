@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -279,6 +280,107 @@ def test_the_sampler_compiles_once_for_every_bucket(runtime):
     ]
     fast.generate(turn)
     assert len(graphs) == 1
+
+
+def test_each_row_is_reported_the_moment_it_finishes(runtime):
+    """on_finish gets every row once, in the order the rows end (while longer rows still run),
+    with its generation already whole; both engines."""
+    requests = requests_for(runtime, 5)
+    for engine in (runtime.engine, eager_static_engine(runtime, min_batch=1)):
+        seen = []
+        outs = engine.generate(
+            requests, on_finish=lambda i, g, seen=seen: seen.append((i, len(g.token_ids), g))
+        )
+        assert sorted(i for i, _, _ in seen) == list(range(5))
+        assert [n for _, n, _ in seen] == sorted(n for _, n, _ in seen)  # shortest first
+        assert [i for i, _, _ in seen] != list(range(5))  # not simply in request order at the end
+        assert all(g is outs[i] and n == len(g.token_ids) for i, n, g in seen)
+
+
+def test_a_next_turn_reuses_the_keys_its_conversation_left(runtime):
+    """A turn's prompts are the last turn's prompt, generation and a tool response: the keys and
+    values of what the last call left are reused and only the rest is computed, with the HF
+    engine's tokens. A prompt that does not continue its key's tokens is computed whole."""
+    hf, fast = runtime.engine, eager_static_engine(runtime)
+    keys = [object() for _ in range(4)]
+    first = [
+        GenerationRequest(r.prompt_ids, r.grammar, r.max_new_tokens, r.seed, cache_key=k)
+        for r, k in zip(requests_for(runtime, 4), keys, strict=True)
+    ]
+    a = fast.generate(first)
+    assert fast.last_timing["reused_tokens"] == 0
+    response = runtime.tool_response_ids("ok 42")
+    second = [
+        GenerationRequest(
+            r.prompt_ids + g.token_ids + response, r.grammar, r.max_new_tokens, r.seed + 7, cache_key=k
+        )
+        for r, g, k in zip(first, a, keys, strict=True)
+    ]
+    # this one does not begin with what its key left: its generation's last token differs
+    second[3].prompt_ids[len(first[3].prompt_ids) + len(a[3].token_ids) - 1] += 1
+    b = fast.generate(second)
+    assert_same_rows(hf.generate(second), b)
+    # The pool held each prompt and every token fed after it: the whole generation, its last
+    # token too (the step after a row's end runs while the cap is not reached).
+    reused = fast.last_timing["reused_tokens"]
+    assert reused == sum(len(r.prompt_ids) + len(g.token_ids) for r, g in zip(first[:3], a[:3], strict=True))
+    assert fast.last_timing["prefill_tokens"] == sum(len(r.prompt_ids) for r in second) - reused
+    # Rows cut at their cap: the loop ends on their last token, which is never fed, so the pool
+    # holds all but that one.
+    capped = [
+        GenerationRequest(r.prompt_ids, r.grammar, 5, r.seed, cache_key=k)
+        for r, k in zip(requests_for(runtime, 2), keys, strict=False)
+    ]
+    c = fast.generate(capped)
+    assert {g.finish_reason for g in c} == {"length"}
+    again = [
+        GenerationRequest(
+            r.prompt_ids + g.token_ids + response, r.grammar, r.max_new_tokens, r.seed, cache_key=k
+        )
+        for r, g, k in zip(capped, c, keys, strict=False)
+    ]
+    assert_same_rows(hf.generate(again), fast.generate(again))
+    assert fast.last_timing["reused_tokens"] == sum(len(r.prompt_ids) + 4 for r in capped)
+
+
+def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_dir):
+    """The episode loop (tools started as rows finish, the next turn reusing a conversation's
+    keys) through the eager StaticEngine gives the HF engine's episodes and records."""
+    from atlas.config import GraderConfig
+    from atlas.runtime.episode import EpisodeSpec, run_episodes
+    from atlas.runtime.inputs import read_questions, read_tests
+
+    cfg = RuntimeConfig(
+        max_turns=3, max_text_tokens=16, max_code_run=16, max_code_escapes=2, max_generation_tokens=512
+    )
+    graders = GraderConfig(test_timeout_s=2.0, program_timeout_s=6.0)
+    questions = read_questions(data_dir / "val.parquet")
+    tests = read_tests(data_dir / "tests.parquet")
+    picked = [q for q in questions if q["source"] == "gpqa"][:2] + [
+        q for q in questions if q["source"] == "lcb"
+    ][:2]
+    specs = [EpisodeSpec(q, tests.get(q["question_uid"], []), k) for q in picked for k in range(2)]
+    fast_rt = replace(runtime, engine=eager_static_engine(runtime))
+    reused = []
+    generate = fast_rt.engine.generate
+
+    def clocked(requests, on_finish=None):
+        out = generate(requests, on_finish=on_finish)
+        reused.append(fast_rt.engine.last_timing["reused_tokens"])
+        return out
+
+    fast_rt.engine.generate = clocked
+    a, b = (
+        run_episodes(r, specs, cfg, graders, run="t", step=0, phase="val", seed=3) for r in (runtime, fast_rt)
+    )
+    assert len(reused) >= 2 and reused[0] == 0 and all(n > 0 for n in reused[1:])
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids and x.sampled == y.sampled and x.end_reason == y.end_reason
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+        fields = ("turn", "tool", "arguments", "tool_status", "score", "action_token", "tool_output_sha256")
+        assert [[getattr(r, f) for f in fields] for r in x.records] == [
+            [getattr(r, f) for f in fields] for r in y.records
+        ]
 
 
 def test_a_runtime_on_a_gpu_generates_with_the_static_engine(runtime):

@@ -39,6 +39,9 @@ class GenerationRequest:
     max_new_tokens: int
     seed: int
     bias: LogitBias | None = None
+    # The conversation this request continues (an episode's key). An engine may keep the keys and
+    # values of the key's last request and reuse those of the tokens this prompt begins with.
+    cache_key: object | None = None
 
 
 @dataclass
@@ -50,8 +53,15 @@ class Generation:
     mask_s: float = 0.0  # time spent filling and applying grammar masks for this row's batch
 
 
+# Called with a request's index and its finished generation as soon as that row ends (while the
+# batch's other rows still generate): the episode loop starts the row's tool call there.
+OnFinish = Callable[[int, Generation], None]
+
+
 class RolloutEngine(Protocol):
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
+    def generate(
+        self, requests: Sequence[GenerationRequest], on_finish: OnFinish | None = None
+    ) -> list[Generation]: ...
 
 
 class HFEngine:
@@ -85,7 +95,9 @@ class HFEngine:
         )
 
     @torch.no_grad()
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], on_finish: OnFinish | None = None
+    ) -> list[Generation]:
         if not requests:
             return []
         n = len(requests)
@@ -148,6 +160,9 @@ class HFEngine:
                     g.finish_reason = "length"
                 else:
                     still.append(i)
+                    continue
+                if on_finish is not None:
+                    on_finish(i, g)
             active = still
             step += 1
             if not active:

@@ -189,16 +189,19 @@ def run_episodes(
     seed: int,
     progress: Callable[[str], None] | None = None,
 ) -> list[Episode]:
-    """Run every episode to its end, one turn of all live episodes at a time. `progress` gets
-    one line per turn. (The verl agent loop, atlas.verl.agent_loop, runs one episode with the
+    """Run every episode to its end, one turn of all live episodes at a time; a generation's tool
+    call runs in the graders' pool as soon as that generation ends. `progress` gets one line per
+    turn. (The verl agent loop, atlas.verl.agent_loop, runs one episode with the
     same per-turn steps: begin_turn, take_generation, run_tool, record_turn.)"""
     code = CodeBounds.of(cfg)
     episodes = [start_episode(rt, s, code) for s in specs]
+    # One key per episode: an engine may keep a turn's keys and values for the episode's next turn.
+    keys = [object() for _ in episodes]
     pool = ThreadPoolExecutor(max_workers=graders.workers)
     try:
         for turn in range(cfg.max_turns):
             requests, batch = [], []
-            for ep in [ep for ep in episodes if not ep.done]:
+            for ep, key in [(ep, key) for ep, key in zip(episodes, keys, strict=True) if not ep.done]:
                 offered = begin_turn(ep, rt, turn, cfg)
                 if offered is None:
                     continue
@@ -206,24 +209,33 @@ def run_episodes(
                 steer = rt.steer(ep.script[turn]) if ep.script and turn < len(ep.script) else None
                 requests.append(
                     GenerationRequest(
-                        ep.token_ids,
+                        list(ep.token_ids),  # a copy: the episode grows when the row finishes
                         rt.grammars.get(offered),
                         cfg.max_generation_tokens,
                         episode_seed(seed, run, step, uid, ep.sample, turn),
                         steer,
+                        cache_key=key,
                     )
                 )
                 batch.append((ep, offered))
             if not batch:
                 break
-            t0 = time.perf_counter()
-            gens = rt.engine.generate(requests)
-            gen_s = (time.perf_counter() - t0) / len(batch)
+            # A row's call is parsed and its tool started the moment its generation ends, so the
+            # tools and graders run while the batch's longer rows still generate.
+            calls, running = [None] * len(batch), [None] * len(batch)
 
-            calls = [
-                take_generation(ep, rt, gen, offered) for (ep, offered), gen in zip(batch, gens, strict=True)
-            ]
-            results = list(pool.map(lambda item, call: run_tool(*item, call, graders, cfg), batch, calls))
+            def finished(i: int, gen: Generation, batch=batch, calls=calls, running=running) -> None:
+                ep, offered = batch[i]
+                calls[i] = take_generation(ep, rt, gen, offered)
+                running[i] = pool.submit(run_tool, ep, offered, calls[i], graders, cfg)
+
+            t0 = time.perf_counter()
+            gens = rt.engine.generate(requests, on_finish=finished)
+            gen_s = (time.perf_counter() - t0) / len(batch)
+            for i, gen in enumerate(gens):
+                if running[i] is None:  # an engine that did not report this row
+                    finished(i, gen)
+            results = [r.result() for r in running]
             for (ep, _), gen, (parsed, _), (result, tool_s) in zip(batch, gens, calls, results, strict=True):
                 record_turn(ep, rt, gen, parsed, result, cfg, run=run, step=step, phase=phase, turn=turn)
                 # Generation time is the batch's, shared evenly; tool time is the call's own.

@@ -46,7 +46,7 @@ import torch
 import xgrammar as xgr
 
 from atlas.runtime import kv_pool
-from atlas.runtime.engine import Generation, GenerationRequest
+from atlas.runtime.engine import Generation, GenerationRequest, OnFinish
 from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout
 from atlas.runtime.sampling import draw, seed_key, step_keys
 
@@ -147,6 +147,8 @@ class StaticEngine:
         self._pick_fn = torch.compile(self._pick, dynamic=True, backend=backend) if compile else self._pick
         self._graph_pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.pool: KVPool | None = None
+        # cache_key -> (tokens, segment start): the keys and values the last call left in the pool
+        self._kept: dict[object, tuple[list[int], int]] = {}
         self._buckets: dict[int, Rows] = {}
         self._state = None  # the model's adapter state the graphs were captured under
         self.captures = 0  # graphs captured by this engine, over its life
@@ -167,6 +169,7 @@ class StaticEngine:
                 raise RuntimeError(f"{need} key/value positions asked of a pool of at most {budget}")
             size = min(size, budget)
         self.pool = None
+        self._kept = {}  # the old pool's keys and values go with it
         self._drop_graphs()  # they write into the old pool
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the old pool's memory, before the larger one is taken
@@ -297,57 +300,89 @@ class StaticEngine:
 
     # -- prompts ------------------------------------------------------------------------------
 
-    def _prefill(self, prompts: Sequence[Sequence[int]], starts: np.ndarray) -> torch.Tensor:
-        """Every distinct prompt once, packed, its keys and values written to the segment of each
-        row that asked it. Returns the logits after each row's prompt, [rows, vocab]."""
+    def _prefill(
+        self, prompts: Sequence[Sequence[int]], starts: np.ndarray, kept: np.ndarray
+    ) -> torch.Tensor:
+        """Every prompt's tokens past its first `kept` (already in its segment), packed; a prompt
+        asked by several rows with nothing kept is computed once and its keys and values written
+        to each of those rows' segments. Returns the logits after each row's prompt, [rows, vocab]."""
         dev = self.device
-        unique: dict[tuple[int, ...], list[int]] = {}
+        items: dict[tuple, list[int]] = {}  # (prompt, kept, row if kept) -> the rows it serves
         for i, p in enumerate(prompts):
-            unique.setdefault(tuple(p), []).append(i)
+            items.setdefault((tuple(p), int(kept[i]), i if kept[i] else None), []).append(i)
         batches, batch, tokens = [], [], 0
-        for prompt in unique:
-            if batch and tokens + len(prompt) > self.prefill_budget:
+        for item in items:
+            n = len(item[0]) - item[1]
+            if batch and tokens + n > self.prefill_budget:
                 batches.append(batch)
                 batch, tokens = [], 0
-            batch.append(prompt)
-            tokens += len(prompt)
+            batch.append(item)
+            tokens += n
         batches.append(batch)
         logits = torch.empty(len(prompts), self.vocab_size, dtype=torch.float32, device=dev)
         for batch in batches:
-            lengths = [len(p) for p in batch]
-            self._clock["prefill_tokens"] += sum(lengths)
-            cu = np.concatenate([[0], np.cumsum(lengths)])
-            first = [unique[p][0] for p in batch]
-            write = np.concatenate([starts[f] + np.arange(n) for f, n in zip(first, lengths, strict=True)])
+            new = [len(p) - k for p, k, _ in batch]  # tokens computed now
+            self._clock["prefill_tokens"] += sum(new)
+            cu = np.concatenate([[0], np.cumsum(new)])
+            first = [items[item][0] for item in batch]
+            write = np.concatenate(
+                [starts[f] + np.arange(k, len(p)) for (p, k, _), f in zip(batch, first, strict=True)]
+            )
             src, dst = [], []
-            for p, c0, n in zip(batch, cu, lengths, strict=False):
-                for row in unique[p][1:]:
+            for item, c0, n in zip(batch, cu, new, strict=False):
+                for row in items[item][1:]:  # the same prompt, nothing kept: the same keys
                     src.append(c0 + np.arange(n))
                     dst.append(starts[row] + np.arange(n))
+            used = [len(p) for p, _, _ in batch]
             layout = Layout(
                 pool=self.pool,
                 write_at=torch.from_numpy(write).to(dev),
                 cu_q=torch.from_numpy(cu).to(dev, torch.int32),
                 starts=torch.tensor([starts[f] for f in first] + [0], dtype=torch.int32, device=dev),
-                used=torch.tensor(lengths, dtype=torch.int32, device=dev),
-                max_q=max(lengths),
-                max_k=max(lengths),
+                used=torch.tensor(used, dtype=torch.int32, device=dev),
+                max_q=max(new),
+                max_k=max(used),
                 copy_src=torch.from_numpy(np.concatenate(src)).to(dev) if src else None,
                 copy_dst=torch.from_numpy(np.concatenate(dst)).to(dev) if dst else None,
             )
             if not self.flash:
                 layout.rows = [
-                    (int(c), int(c + n), int(starts[f]), n)
-                    for c, n, f in zip(cu, lengths, first, strict=False)
+                    (int(c), int(c + n), int(starts[f]), u)
+                    for c, n, f, u in zip(cu, new, first, used, strict=False)
                 ]
-            ids = torch.tensor([t for p in batch for t in p], dtype=torch.long, device=dev)
-            positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths])).to(dev)
+            ids = torch.tensor([t for p, k, _ in batch for t in p[k:]], dtype=torch.long, device=dev)
+            positions = torch.from_numpy(np.concatenate([np.arange(k, len(p)) for p, k, _ in batch])).to(dev)
             last = torch.from_numpy(cu[1:] - 1).to(dev)
             out = self._forward(ids, positions, layout, keep=last)
-            for k, p in enumerate(batch):
-                index = torch.tensor(unique[p], device=dev)
+            for k, item in enumerate(batch):
+                index = torch.tensor(items[item], device=dev)
                 logits.index_copy_(0, index, out[k : k + 1].expand(len(index), -1))
         return logits
+
+    def _reuse(self, requests: Sequence[GenerationRequest], starts: np.ndarray) -> np.ndarray:
+        """Move the keys and values this call can reuse to the new segments: for each request, the
+        kept tokens of its cache_key's last request when its prompt begins with them (one token at
+        least is left to compute: the first pick needs the prompt's last logits). Returns the
+        positions reused per request."""
+        kept = np.zeros(len(requests), dtype=np.int64)
+        src, dst = [], []
+        for i, r in enumerate(requests):
+            old = self._kept.get(r.cache_key) if r.cache_key is not None else None
+            if old is None:
+                continue
+            tokens, start = old
+            n = len(tokens)
+            if 0 < n < len(r.prompt_ids) and r.prompt_ids[:n] == tokens:
+                kept[i] = n
+                src.append(start + np.arange(n))
+                dst.append(starts[i] + np.arange(n))
+        if src:
+            src_t = torch.from_numpy(np.concatenate(src)).to(self.device)
+            dst_t = torch.from_numpy(np.concatenate(dst)).to(self.device)
+            for layer in self.pool.kv:  # [2, positions, heads, dim]; read out before any write
+                layer.index_copy_(1, dst_t, layer.index_select(1, src_t))
+        self._clock["reused_tokens"] += int(kept.sum())
+        return kept
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -384,7 +419,9 @@ class StaticEngine:
         return out
 
     @torch.no_grad()
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+    def generate(
+        self, requests: Sequence[GenerationRequest], on_finish: OnFinish | None = None
+    ) -> list[Generation]:
         if not requests:
             return []
         state = self._model_state()
@@ -393,17 +430,22 @@ class StaticEngine:
             self._state = state
         self._clock = dict.fromkeys(
             ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s"), 0.0
-        ) | dict.fromkeys(("steps", "shrinks", "graphs", "prefill_tokens"), 0)
+        ) | dict.fromkeys(("steps", "shrinks", "graphs", "prefill_tokens", "reused_tokens"), 0)
         outs, start = [], 0
         sizes = self.chunks(requests)
+        if len(sizes) > 1:  # a chunk's segments overwrite the positions a later chunk would reuse
+            self._kept = {}
         with self.pool_attention():
             for n in sizes:
-                outs += self._generate_chunk(requests[start : start + n])
+                done = None if on_finish is None else (lambda i, g, at=start: on_finish(at + i, g))
+                outs += self._generate_chunk(requests[start : start + n], done)
                 start += n
         self.last_timing = self._clock | {"chunks": len(sizes)}
         return outs
 
-    def _generate_chunk(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+    def _generate_chunk(
+        self, requests: Sequence[GenerationRequest], on_finish: OnFinish | None
+    ) -> list[Generation]:
         n, clock, dev = len(requests), self._clock, self.device
         caps = self._caps(requests)
         lengths = np.array([len(r.prompt_ids) for r in requests], dtype=np.int64)  # keys held per request
@@ -412,7 +454,8 @@ class StaticEngine:
         scratch = int(starts[-1])  # bucket row j's scratch position: scratch + j
         self._ensure_pool(self.positions(list(lengths + np.array(caps))))
         t = time.perf_counter()
-        first = self._prefill([r.prompt_ids for r in requests], starts)
+        kept = self._reuse(requests, starts)
+        first = self._prefill([r.prompt_ids for r in requests], starts, kept)
         rb = self._rows(rows)
         rb.logits[:n] = first
         rb.logits[n:] = 0.0
@@ -470,7 +513,8 @@ class StaticEngine:
             if pin:
                 copied.record()
             # The next forward goes in the queue before the CPU waits for this step's tokens.
-            if step + 1 < cap:
+            fed = step + 1 < cap
+            if fed:
                 self._run(rb, self._decode)
             t1 = time.perf_counter()
             if pin:
@@ -489,7 +533,8 @@ class StaticEngine:
                     raise RuntimeError(
                         f"grammar rejected token {toks[row_of[i]]} it had allowed (row {i}, step {step})"
                     )
-            lengths[own] += 1  # the token just fed holds its keys now
+            if fed:
+                lengths[own] += 1  # the token just fed holds its keys now
             still = []
             for i in active:
                 g, r = outs[i], row_of[i]
@@ -504,10 +549,18 @@ class StaticEngine:
                     g.finish_reason = "length"
                 else:
                     still.append(i)
-            for i in set(active) - set(still):
-                rb.bitmask[row_of[i]] = -1  # a finished row: anything goes; its tokens are never read
+                    continue
+                rb.bitmask[r] = -1  # a finished row: anything goes; its tokens are never read
+                if on_finish is not None:
+                    on_finish(i, g)
             active = still
             step += 1
             clock["host_s"] += time.perf_counter() - t2
         clock["steps"] += step
+        # What the pool now holds, for a next call that continues these conversations.
+        self._kept = {
+            r.cache_key: ((r.prompt_ids + g.token_ids)[: lengths[i]], int(starts[i]))
+            for i, (r, g) in enumerate(zip(requests, outs, strict=True))
+            if r.cache_key is not None
+        }
         return outs
