@@ -119,3 +119,33 @@ def test_captured_engine_matches_its_eager_self_and_hf_and_a_new_turn_captures_n
     assert fast.last_timing["graphs"] >= 4 and fast.captures > captured
     assert sum(x.token_ids == y.token_ids for x, y in zip(grown, e, strict=True)) >= 38
     assert [g.token_ids for g in fast.generate(more)] == [g.token_ids for g in grown]
+
+
+def test_liger_kernels_in_the_served_model_keep_its_log_probs(tiny_model):
+    """The merged serving copy carries Liger's norms, SwiGLU and RoPE on a GPU (atlas.rl.serving):
+    captured with them, the engine gives the plain model's log-probs within bf16 rounding."""
+    from atlas.model.liger import applied, apply_liger
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    plain, fused = (
+        AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda() for _ in range(2)
+    )
+    apply_liger(fused)
+    assert applied(fused) and not applied(plain)
+    rt = make_runtime(plain, tokenizer, RuntimeConfig())
+    fused_rt = make_runtime(fused, tokenizer, RuntimeConfig())
+    requests = requests_for(rt, 12)
+    a, b = rt.engine.generate(requests), fused_rt.engine.generate(requests)
+    assert fused_rt.engine.captures >= 4
+    gaps, common = [], 0
+    for x, y in zip(a, b, strict=True):
+        same = next(
+            (i for i, (p, q) in enumerate(zip(x.token_ids, y.token_ids, strict=False)) if p != q), None
+        )
+        same = min(len(x.token_ids), len(y.token_ids)) if same is None else same
+        common += same
+        gaps += [
+            abs(p - q) for p, q, s in zip(x.logprobs[:same], y.logprobs[:same], x.sampled, strict=False) if s
+        ]
+    assert common >= 12 * 20, common
+    assert sum(gaps) / len(gaps) < 0.02 and max(gaps) < 0.5, (sum(gaps) / len(gaps), max(gaps))

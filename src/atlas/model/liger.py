@@ -5,12 +5,13 @@ Triton kernels (fewer activation bytes and launches, in the forward and in the c
 recompute) and swaps the module-level `apply_rotary_pos_emb` of transformers' Qwen3 code.
 
 `apply_liger(model)` patches the norm and MLP instances of this one model only: liger's own entry
-point also replaces the module-level classes (a model built afterwards, such as the merged
-serving copy of atlas.model.merged, would get them too), so those are restored right away. RoPE is
-a module-level function shared by every Qwen3 instance, so it is swapped only for the duration
-of `liger_rope(model)`, the update's forward and backward passes: rollouts keep transformers'
-RoPE, which a compiled decode step traces. Not its loss kernels: the output head is
-atlas.rl.fused_head's.
+point also replaces the module-level classes (every model built afterwards would get them too),
+so those are restored right away. The policy gets them (atlas.rl.serving.policy_on), and so does
+the merged serving copy the rollouts sample from (rollout_model): in a decode step they replace
+about 36 small kernels a layer. RoPE is a module-level function shared by every Qwen3 instance, so
+it is swapped only for the duration of `liger_rope(model)`: the update's forward and backward
+passes, and a rollout engine's generate call over a model with Liger. Not its loss kernels: the
+output head is atlas.rl.fused_head's.
 """
 
 from __future__ import annotations

@@ -43,10 +43,15 @@ def policy_on(base, training: TrainingConfig, seed: int, device: str) -> ActorCr
 
 def rollout_model(ac: ActorCritic, training: TrainingConfig, device: str) -> MergedModel | None:
     """The merged serving copy of the actor (training.merged_rollouts), or None: sample through
-    the adapters."""
+    the adapters. With Liger (training.ppo.liger) the copy gets the policy's kernels too."""
     setting = training.merged_rollouts
-    on = torch.device(device).type == "cuda" if setting == "auto" else setting
-    return MergedModel(ac.peft, "actor") if on else None
+    cuda = torch.device(device).type == "cuda"
+    if not (cuda if setting == "auto" else setting):
+        return None
+    merged = MergedModel(ac.peft, "actor")
+    if wanted(training.ppo.liger, cuda):  # the policy's fused norms, SwiGLU and RoPE: fewer kernels a step
+        apply_liger(merged.model)
+    return merged
 
 
 def rollout_runtime(

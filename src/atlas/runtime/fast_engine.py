@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import xgrammar as xgr
 
+from atlas.model.liger import liger_rope
 from atlas.runtime import kv_pool
 from atlas.runtime.engine import Generation, GenerationRequest, OnFinish
 from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout
@@ -435,7 +436,7 @@ class StaticEngine:
         sizes = self.chunks(requests)
         if len(sizes) > 1:  # a chunk's segments overwrite the positions a later chunk would reuse
             self._kept = {}
-        with self.pool_attention():
+        with self.pool_attention(), liger_rope(self.model):  # Liger's RoPE where the model has Liger
             for n in sizes:
                 done = None if on_finish is None else (lambda i, g, at=start: on_finish(at + i, g))
                 outs += self._generate_chunk(requests[start : start + n], done)
