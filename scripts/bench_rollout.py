@@ -26,7 +26,8 @@ episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the sc
              step (other seeds). Tokens/s is generated tokens over the rollout's wall seconds:
              what a training step reports as perf/rollout_tokens_per_s. Each rollout is broken down
              by turn: the engine call (prefill, graph capture, grammar masks, launches, waits for
-             the GPU, host bookkeeping) and the tools and graders after it.
+             the GPU, host bookkeeping) and `tools_s`, the turn's seconds after the engine returned
+             (the tools and graders that generation did not hide: a row's tool starts when it ends).
 
 Prints one table per mode and writes everything as JSON to `--out`.
 """
@@ -172,10 +173,10 @@ def timed_rollout(rt, specs, cfg, *, step: int, phase: str, device) -> dict:
     calls, marks = [], []
     generate = rt.engine.generate
 
-    def clocked(requests):
+    def clocked(requests, on_finish=None):
         sync(device)
         t = time.perf_counter()
-        gens = generate(requests)
+        gens = generate(requests, on_finish=on_finish)
         sync(device)
         tokens = sum(len(g.token_ids) for g in gens)
         calls.append({"rows": len(requests), "seconds": time.perf_counter() - t, "tokens": tokens})
