@@ -3,9 +3,9 @@
 # it lacks are packed here and copied there in folders of at most 60 MiB. Two halves:
 #
 #   bash scripts/gpu_session.sh pack DIR     here: DIR gets the code (src, scripts, tests,
-#                                            config, fixtures), the wheels the image lacks
-#                                            (xgrammar, pydantic, liger-kernel) and the synthetic
-#                                            151,936-token tokenizer
+#                                            config, fixtures) and the wheels the image lacks
+#                                            (xgrammar, pydantic, liger-kernel); the rollout
+#                                            benchmark builds the synthetic tokenizer there
 #   cd DIR && bash scripts/gpu_session.sh bench   there: install the wheels, then the GPU tests,
 #                                            the 8B update benchmark and the 1.7B rollout
 #                                            benchmark; everything printed and written lands in $OUT
@@ -46,9 +46,6 @@ if [[ $what == pack ]]; then
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$dir/whl" \
     xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic-core==2.50.5 \
     annotated-types typing-inspection liger-kernel==0.8.5
-  [[ -f $dir/tokenizer/tokenizer.json ]] || PYTHONPATH=$here/src python3 -c \
-    "import sys; from atlas.model.shapes import synthetic_tokenizer; synthetic_tokenizer().save_pretrained(sys.argv[1])" \
-    "$dir/tokenizer"
   du -sh "$dir"
   exit 0
 fi
@@ -183,8 +180,8 @@ python3 -c "import torch, transformers, peft, xgrammar, liger_kernel; print('tor
 if [[ $what == bench ]]; then
   # resources/perf/h200_update_8b.json: the trainer's PPO update at the 8B shape
   timeout 200 python3 scripts/bench_update.py --shape 8b --out "$OUT/update_8b.json" 2>&1 | quiet | tee "$OUT/update_8b.log"
-  # resources/perf/h200_rollout_1.7b.json: the report's 32 x 8 batch, no LoRA against merged LoRA r64
-  timeout 330 python3 scripts/bench_rollout.py --shape 1.7b --tokenizer tokenizer --arms base,merged \
+  # the report's 32 x 8 batch, no LoRA against merged LoRA r64 (docs/gpu.md)
+  timeout 330 python3 scripts/bench_rollout.py --config config/h200.yaml --tokenizer tokenizer --modes generation \
     --out "$OUT/rollout_1.7b.json" 2>&1 | quiet | tee "$OUT/rollout_1.7b.log"
   timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_packing.py 2>&1 | tail -15 | tee "$OUT/pytest_gpu.txt"
 fi

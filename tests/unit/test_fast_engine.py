@@ -191,10 +191,14 @@ def test_the_decode_step_and_the_pick_read_no_tensor_on_the_host(tiny_model, mon
     calls = []
     attend = kv_pool.pool_attention
     monkeypatch.setattr(kv_pool, "pool_attention", lambda *a, **k: calls.append(1) or attend(*a, **k))
-    kv_pool.register()
-    with torch.no_grad(), engine.pool_attention():  # as generate runs them
-        engine._decode(rb)
-        engine._pick_into(rb)
+    kv_pool.register()  # the counting attention, for this test only
+    try:
+        with torch.no_grad(), engine.pool_attention():  # as generate runs them
+            engine._decode(rb)
+            engine._pick_into(rb)
+    finally:
+        monkeypatch.undo()
+        kv_pool.register()
     assert len(calls) == cfg.num_hidden_layers  # every layer attended through the pool
     assert rb.logits.shape == (16, cfg.vocab_size) and rb.tok.device.type == "meta"
 

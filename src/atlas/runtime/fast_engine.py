@@ -7,7 +7,9 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
 - keys and values live in one pool (atlas.runtime.kv_pool), each request in a segment sized to its
   prompt plus its token cap; attention reads the positions a row has filled, not a padded cache's;
 - the prompts are one packed forward (a prompt asked by several rows, a question's samples, is
-  computed once and its keys and values written to every row's segment);
+  computed once and its keys and values written to every row's segment), and a request that
+  continues a conversation (`cache_key`) reuses what that conversation's last request left in the
+  pool: a next turn computes only the tool response and what follows;
 - a decode step has static shapes per number of rows (a bucket: a power of two), whatever the
   prompts' lengths: it is captured once as a CUDA graph per bucket and replayed, and the rows'
   positions and segments are rewritten in a small buffer between replays. A new turn, a new batch
@@ -18,7 +20,9 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
   number of rows, and captured like the step), and only three small vectors come back a step;
 - when at most half the rows are still live, the batch moves to the smaller bucket: only the live
   rows' logits move (their keys stay in the pool). Finished rows left in a bucket, and the
-  bucket's padding rows, write and read one scratch position each.
+  bucket's padding rows, write and read one scratch position each;
+- a row is reported to `on_finish` the step it ends, so its caller (the episode loop) can start
+  its tool call while the longer rows still generate.
 
 The pool grows to what a call needs (by a quarter more, to spare regrowth) up to `cache_bytes`
 (on a GPU, by default, half of the device's memory); a larger call is generated in consecutive
@@ -27,11 +31,12 @@ one batch would. A larger pool is a new tensor: its graphs are captured again.
 
 `last_timing` holds the last call's CPU seconds: `prefill_s`, `capture_s` (graph capture and the
 sampler's compile), `fill_s` (grammar masks), `launch_s`, `wait_s` (for the GPU), `host_s`
-(accepting tokens, bookkeeping), with `steps`, `shrinks`, `chunks`, `graphs` (captured) and
-`prefill_tokens` (the distinct prompts' tokens the prefill ran).
+(accepting tokens, bookkeeping), with `steps`, `shrinks`, `chunks`, `graphs` (captured),
+`prefill_tokens` (the prompt tokens the prefill ran) and `reused_tokens` (those it did not: their
+keys were in the pool).
 
-On CPU (graphs and compile off) it runs the same functions eagerly; the tests compare it there
-with HFEngine token for token.
+On CPU, or with a float32 model, it runs the same functions eagerly with a row-by-row attention;
+the tests compare it there with HFEngine token for token.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ class StaticEngine:
         model,
         vocab_size: int,
         stop_token_ids: Sequence[int],
+        *,
         temperature: float = 1.0,
         top_p: float = 1.0,
         constrained: bool = True,
