@@ -39,8 +39,9 @@ class GenerationRequest:
     max_new_tokens: int
     seed: int
     bias: LogitBias | None = None
-    # The conversation this request continues (an episode's key). An engine may keep the keys and
-    # values of the key's last request and reuse those of the tokens this prompt begins with.
+    # The conversation this request continues (an episode's key, new for every rollout). An engine
+    # may keep the keys and values of the key's last request and reuse those of the tokens this
+    # prompt begins with: a key is for one policy, never across a weight update.
     cache_key: object | None = None
 
 

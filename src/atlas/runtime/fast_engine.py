@@ -432,8 +432,9 @@ class StaticEngine:
         if not requests:
             return []
         state = self._model_state()
-        if state != self._state:  # adapters switched on or off: graphs captured before are stale
+        if state != self._state:  # adapters switched on or off: graphs and kept keys are stale
             self._drop_graphs()
+            self._kept = {}
             self._state = state
         self._clock = dict.fromkeys(
             ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s"), 0.0
