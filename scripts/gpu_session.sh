@@ -29,8 +29,8 @@
 #                                            once one holds the GPU, counts the stage processes
 #                                            left and reruns: $OUT/kill_check.txt
 #
-# OUT defaults to /tmp/out. docs/gpu.md has the figures these commands printed on an H200;
-# resources/runs/h200/ holds what `pipeline` wrote there.
+# OUT defaults to /tmp/out. docs/gpu.md and docs/performance.md have the figures these commands
+# print on an H200.
 set -uo pipefail
 what=${1:-bench}
 here=$(cd "$(dirname "$0")/.." && pwd)

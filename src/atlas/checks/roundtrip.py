@@ -75,7 +75,7 @@ def measured(name: str) -> bool:
 
 
 # A resumed step's metrics on a GPU: float32 reductions that run in another order from one process
-# to the next, so equal only to about 1e-7 relative (3e-5 seen on an H200, resources/runs/).
+# to the next, so equal only to about 1e-7 relative (3e-5 seen on an H200).
 GPU_METRIC_REL_TOL = 1e-4
 # Metrics that are means of differences of two log-probs of the same tokens (rollout engine and
 # update, old and new policy, policy and reference): near 0 themselves, they move with the
