@@ -35,6 +35,7 @@ Prints one table per mode and writes everything as JSON to `--out`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -311,12 +312,7 @@ def main() -> None:
         vocab=len(tokenizer),
         lora_rank=cfg.training.lora_rank,
     )
-    built = []
-
-    def policy() -> Policy:
-        if not built:
-            built.append(Policy(base, tokenizer, cfg, device))
-        return built[0]
+    policy = functools.cache(lambda: Policy(base, tokenizer, cfg, device))  # built once, if an arm needs it
 
     modes = args.modes.split(",")
     if "generation" in modes:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import importlib.util
 from types import SimpleNamespace
 
-from atlas.config import GraderConfig, RuntimeConfig
 from atlas.runtime.inputs import read_questions, read_tests
 from atlas.runtime.rollouts import episode_specs
 from atlas.runtime.session import load_model, make_runtime
 from conftest import REPO
+from unit.test_runtime import GRADERS, RUNTIME
 
 
 def bench_module():
@@ -23,14 +23,9 @@ def bench_module():
 
 def test_the_episode_clock_sees_every_turn_and_passes_the_row_reports_on(tiny_model, data_dir):
     bench = bench_module()
-    runtime = RuntimeConfig(
-        max_turns=3, max_text_tokens=16, max_code_run=16, max_code_escapes=2, max_generation_tokens=512
-    )
-    cfg = SimpleNamespace(
-        runtime=runtime, graders=GraderConfig(test_timeout_s=2.0, program_timeout_s=6.0), seed=0
-    )
+    cfg = SimpleNamespace(runtime=RUNTIME, graders=GRADERS, seed=0)  # the runtime tests' small episodes
     model, tokenizer = load_model(tiny_model)
-    rt = make_runtime(model, tokenizer, runtime, fast=True)  # StaticEngine, eager on a CPU
+    rt = make_runtime(model, tokenizer, RUNTIME, fast=True)  # StaticEngine, eager on a CPU
     reported = []
     engine_generate = rt.engine.generate
 

@@ -350,14 +350,11 @@ def test_a_next_turn_reuses_the_keys_its_conversation_left(runtime):
 def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_dir):
     """The episode loop (tools started as rows finish, the next turn reusing a conversation's
     keys) through the eager StaticEngine gives the HF engine's episodes and records."""
-    from atlas.config import GraderConfig
     from atlas.runtime.episode import EpisodeSpec, run_episodes
     from atlas.runtime.inputs import read_questions, read_tests
+    from unit.test_runtime import GRADERS as graders
+    from unit.test_runtime import RUNTIME as cfg
 
-    cfg = RuntimeConfig(
-        max_turns=3, max_text_tokens=16, max_code_run=16, max_code_escapes=2, max_generation_tokens=512
-    )
-    graders = GraderConfig(test_timeout_s=2.0, program_timeout_s=6.0)
     questions = read_questions(data_dir / "val.parquet")
     tests = read_tests(data_dir / "tests.parquet")
     picked = [q for q in questions if q["source"] == "gpqa"][:2] + [
