@@ -344,7 +344,8 @@ def model_shape(model_dir: Path) -> str:
     )
 
 
-# Which batch-math token count a phase processes: sampled tokens for generation, all for passes.
+# The token count a phase processes: the generated tokens (a step metric) for the rollout, all of the
+# batch's tokens (batch math) for the passes over it.
 PHASE_TOKENS = {
     "gen": "perf/rollout_tokens",
     "gen_model": "perf/rollout_tokens",
