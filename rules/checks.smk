@@ -46,15 +46,15 @@ rule distributed_roundtrip:
         run="|".join(TRAINING_RUNS),
     conda:
         "../envs/atlas.yaml"
-    threads: 1  # two one-thread ranks that mostly wait on imports and on each other
+    threads: JOB_THREADS  # shared by the two ranks: on one GPU they compute on the CPU (gloo)
     resources:
-        gpu=min(2, ATLAS.resources.gpus),
+        gpu=2 if ATLAS.resources.gpus >= 2 else 0,  # NCCL needs a GPU per rank, else gloo on the CPU
     params:
         training=lambda wc: canonical_json(
             config_slice(ATLAS, "training", wc.run)["training"]
         ),
         seed=ATLAS.seed,
     shell:
-        "OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip"
+        "OMP_NUM_THREADS={threads} torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip"
         " --model {input.model} --run-folder {input.run} --training {params.training:q}"
         " --seed {params.seed} --out {output} > {log} 2>&1"

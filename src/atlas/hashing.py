@@ -53,12 +53,43 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: str | Path) -> str:
+# This process's hashes of large files, by real path, each with the stat key it was read under: a
+# stage names the model among its inputs several times (verify, fingerprint, manifest), and at a
+# real shape each read of it costs seconds.
+_SEEN: dict[str, tuple[list[int], str]] = {}
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _read_sha256(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    """sha256 of the file's bytes. A file of CACHED_SIZE or more is read once per process while
+    its size, mtime, ctime and inode stay the same (a write changes its ctime)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    if st.st_size < CACHED_SIZE:
+        return _read_sha256(real)
+    key = _stat_key(st)
+    seen = _SEEN.get(real)
+    if seen is not None and seen[0] == key:
+        return seen[1]
+    digest = _read_sha256(real)
+    _remember(real, key, digest)
+    return digest
+
+
+def _remember(real: str, key: list[int], digest: str) -> None:
+    if _stat_key(os.stat(real)) == key:  # not written to while it was read
+        _SEEN[real] = (key, digest)
 
 
 def tree_files(root: str | Path) -> list[str]:
@@ -203,20 +234,18 @@ class HashCache:
         ok = isinstance(data, dict) and data.get("format") == HASH_CACHE_FORMAT
         return data.get("files", {}) if ok and isinstance(data.get("files"), dict) else {}
 
-    @staticmethod
-    def _key(st: os.stat_result) -> list[int]:
-        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    _key = staticmethod(_stat_key)
 
     def sha256(self, name: str, file: Path) -> str:
         st = file.stat()
         if not self.enabled or st.st_size < CACHED_SIZE:
             return sha256_file(file)
-        key = self._key(st)
+        key = _stat_key(st)
         entry = self.entries.get(name)
         if isinstance(entry, list) and len(entry) == 2 and entry[0] == key:
-            return entry[1]
+            return entry[1]  # trusted here alone: sha256_file's own memo holds only what it read
         digest = sha256_file(file)
-        if self._key(file.stat()) == key:  # not written to while it was read
+        if _stat_key(file.stat()) == key:  # not written to while it was read
             self.added[name] = [key, digest]
         return digest
 

@@ -149,3 +149,26 @@ def test_verify_uses_the_cache_by_default_and_names_files_the_manifest_lacks(tmp
         f"{out / 'small.json'}: sha256 {sha256_file(out / 'small.json')}, manifest says "
         + json.loads((out / MANIFEST).read_text())["files"]["small.json"]["sha256"],
     ]
+
+
+def test_a_process_reads_a_large_file_once_until_it_changes(tmp_path, monkeypatch):
+    import hashlib
+
+    import atlas.hashing as hashing
+
+    reads = []
+    real_read = hashing._read_sha256
+    monkeypatch.setattr(hashing, "_read_sha256", lambda p: reads.append(p) or real_read(p))
+    monkeypatch.setattr(hashing, "_SEEN", {})
+    f = big(tmp_path)
+    want = hashlib.sha256(f.read_bytes()).hexdigest()
+    assert sha256_file(f) == want and sha256_file(tmp_path / "." / "big.bin") == want
+    assert len(reads) == 1  # the same real path, unchanged: read once
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 1  # same size, one bit: the write gives it a new ctime
+    f.write_bytes(bytes(data))
+    assert sha256_file(f) == hashlib.sha256(bytes(data)).hexdigest() != want
+    assert len(reads) == 2
+    small = big(tmp_path, "small.bin", CACHED_SIZE - 1)
+    sha256_file(small), sha256_file(small)
+    assert len(reads) == 4  # below CACHED_SIZE: read every time

@@ -86,6 +86,25 @@ def test_shape_model_is_seeded_padded_and_accepted_by_xgrammar(small_tokenizer):
     )
 
 
+def test_the_seeded_init_is_transformers_init_and_independent_of_the_thread_count(small_tokenizer, monkeypatch):
+    import atlas.model.shapes as shapes
+
+    monkeypatch.setattr(shapes, "INIT_CHUNK", 1000)  # many chunks per matrix
+    many = shape_model(SMALL, small_tokenizer, seed=3, dtype=torch.float32)
+    monkeypatch.setattr(shapes.os, "cpu_count", lambda: 1)
+    one = shape_model(SMALL, small_tokenizer, seed=3, dtype=torch.float32)
+    s1, s2 = many.state_dict(), one.state_dict()
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
+    up = s1["model.layers.0.mlp.up_proj.weight"]
+    assert abs(up.std().item() - many.config.initializer_range) < 0.002 and abs(up.mean().item()) < 0.002
+    # each chunk its own draw: no two chunks of a matrix repeat each other
+    assert not torch.equal(up.view(-1)[:1000], up.view(-1)[1000:2000])
+    assert torch.equal(s1["model.norm.weight"], torch.ones(64))
+    assert torch.equal(s1["model.layers.1.self_attn.q_norm.weight"], torch.ones(16))
+    pad = small_tokenizer.pad_token_id
+    assert not s1["model.embed_tokens.weight"][pad].any() and s1["model.embed_tokens.weight"][pad + 1].any()
+
+
 def test_a_bf16_shape_reloaded_from_disk_gives_the_same_logits(small_tokenizer, tmp_path):
     # build_tiny_model refuses a model whose reloaded copy differs; the rotary frequencies must
     # stay float32 in memory as they do in from_pretrained

@@ -5,10 +5,11 @@ Started by torchrun (gloo on CPU, NCCL on GPUs), world size 2 in the pipeline:
     torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip --model results/models/tiny \
         --run-folder results/runs/<run> --training '{...}' --out <folder>
 
-Each rank builds the policy, shards it with `fully_shard` (each decoder layer, then the LM, and
-the value head), loads the checkpoint's full tensors into the shards
-(`set_model_state_dict`), and runs one step on its half of a fixed batch (the run's first
-training trajectories): the critic regresses the values toward each trajectory's score, the
+Each rank builds the policy in float32 and takes the reference step below unsharded; then it
+shards that same policy with `fully_shard` (each decoder layer, then the LM, and the value head),
+loads the checkpoint's full tensors into the shards (`set_model_state_dict`), and runs one step
+on its half of a fixed batch (the last BATCH_TOKENS tokens of the run's first training
+trajectories): the critic regresses the values toward each trajectory's score, the
 actor takes a policy-gradient step on the sampled tokens with advantage = score - mean score
 +- 1 (alternating by row, so the actor term is never zero),
 each as a token mean over the *whole* batch (a rank scales its sum by world size / all tokens,
@@ -45,15 +46,26 @@ from atlas.contracts.parquet import read_table
 from atlas.model.policy import ROLES, ActorCritic
 
 ATOL, RTOL = 1e-6, 1e-5
+# Tokens per row of the fixed batch: enough for every sharded collective and both losses, and at
+# a real shape (1.7B on two CPU ranks, where one GPU cannot hold two NCCL ranks) seconds, not
+# minutes, of float32 compute.
+BATCH_TOKENS = 32
 
 
-def fixed_batch(trajectories: Path, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ids [rows, T], sampled mask [rows, T] and score [rows]: the first training trajectories,
-    cut to the shortest so no padding enters the comparison."""
+def fixed_batch(
+    trajectories: Path, rows: int, width: int = BATCH_TOKENS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [rows, W], sampled mask [rows, W] and score [rows]: the last W tokens of each of the
+    run's first training trajectories, W = `width` or the shortest trajectory's length. A row's
+    end is its last generation, so every row holds sampled tokens, and there is no padding."""
     table = [r for r in read_table(trajectories).to_pylist() if r["phase"] == "train"][:rows]
-    width = min(len(r["token_ids"]) for r in table)
-    ids = torch.tensor([r["token_ids"][:width] for r in table])
-    sampled = torch.tensor([r["sampled"][:width] for r in table], dtype=torch.float32)
+    if len(table) < rows:
+        raise ValueError(f"{trajectories}: {len(table)} training trajectories, the roundtrip takes {rows}")
+    width = min(width, *(len(r["token_ids"]) for r in table))
+    ids = torch.tensor([r["token_ids"][-width:] for r in table])
+    sampled = torch.tensor([r["sampled"][-width:] for r in table], dtype=torch.float32)
+    if not sampled[:, 1:].any(dim=1).all():
+        raise ValueError(f"{trajectories}: a trajectory's last {width} tokens hold no sampled token")
     return ids, sampled, torch.tensor([r["score"] for r in table], dtype=torch.float32)
 
 
@@ -76,11 +88,14 @@ def losses(
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu()
+    """A copy on the CPU (of the whole tensor, when sharded): never the live gradient's storage."""
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().to("cpu", copy=True)
 
 
 def build(model_dir: Path, training: TrainingConfig, seed: int) -> ActorCritic:
-    return ActorCritic(AutoModelForCausalLM.from_pretrained(model_dir), training, seed=seed)
+    """The policy in float32, whatever dtype the base was saved in: the tolerance is float32's."""
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return ActorCritic(base, training, seed=seed)
 
 
 def checkpoint_tensors(run_folder: Path) -> tuple[dict[str, torch.Tensor], int, str]:

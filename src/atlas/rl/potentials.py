@@ -84,7 +84,24 @@ class ZeroPotential:
 
 def evaluate_potential(potential: Potential, episode: EpisodeLike) -> list[float]:
     """Run `potential` on `episode` and check its answer: one finite float per record."""
-    phi = [float(x) for x in potential(episode)]
+    return checked_phi(potential, episode, potential(episode))
+
+
+def evaluate_potentials(potential: Potential, episodes: Sequence[EpisodeLike]) -> list[list[float]]:
+    """Phi of each episode, checked as evaluate_potential checks one. A potential with a
+    `batch(episodes)` method (one model pass over many episodes) answers for all at once."""
+    batch = getattr(potential, "batch", None)
+    if batch is None:
+        return [evaluate_potential(potential, ep) for ep in episodes]
+    answers = list(batch(episodes))
+    if len(answers) != len(episodes):
+        raise ValueError(f"potential {potential!r} answered for {len(answers)} of {len(episodes)} episodes")
+    return [checked_phi(potential, ep, phi) for ep, phi in zip(episodes, answers, strict=True)]
+
+
+def checked_phi(potential: Potential, episode: EpisodeLike, values: Sequence[float]) -> list[float]:
+    """`values` as floats, if they are one finite Phi(s_k) per record of `episode`."""
+    phi = [float(x) for x in values]
     if len(phi) != len(episode.records):
         raise ValueError(
             f"potential {potential!r} returned {len(phi)} values for an episode with "

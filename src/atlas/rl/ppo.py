@@ -136,7 +136,12 @@ class Passes:
             yield self
 
     def _hidden(self, sub: Batch):
-        packed = pack(sub.input_ids, sub.attention)
+        return self.hidden_states(sub.input_ids, sub.attention)
+
+    def hidden_states(self, input_ids: torch.Tensor, attention: torch.Tensor):
+        """The packed rows and the decoder's final hidden states over them, [1, N, H], under the
+        active adapter (the packed path only)."""
+        packed = pack(input_ids, attention)
         return packed, decoder(self.ac.peft)(**packed.model_kwargs()).last_hidden_state
 
     def logprobs(

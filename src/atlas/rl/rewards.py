@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from atlas.rl.potentials import EpisodeLike, Potential, evaluate_potential
+from atlas.rl.potentials import EpisodeLike, Potential, checked_phi, evaluate_potential
 
 if TYPE_CHECKING:
     from atlas.runtime.records import ExecutionRecord
@@ -148,13 +148,21 @@ def token_level_rewards(
 
 
 def shape_episode(
-    episode: EpisodeLike, potential: Potential, *, gamma: float, dose: float, tol: float = 1e-6
+    episode: EpisodeLike,
+    potential: Potential,
+    *,
+    gamma: float,
+    dose: float,
+    tol: float = 1e-6,
+    phi: Sequence[float] | None = None,
 ) -> PlacedRewards:
     """Potentials -> shaping terms -> telescoping check -> rewards on action tokens, for one episode.
+    `phi`: the potential's values for this episode, already computed (atlas.rl.potentials.
+    evaluate_potentials, many episodes at once); by default the potential is asked here.
 
     The records are not changed; call `.write_to(episode.records)` on the result to fill them.
     """
-    phi = evaluate_potential(potential, episode)
+    phi = evaluate_potential(potential, episode) if phi is None else checked_phi(potential, episode, phi)
     F = shaping_terms(phi, gamma, dose)
     first = episode.records[0] if episode.records else None
     where = f"episode (question {first.question_uid}, sample {first.sample})" if first else "empty episode"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from atlas.config import GraderConfig, RuntimeConfig
-from atlas.rl.potentials import Potential
+from atlas.rl.potentials import Potential, evaluate_potentials
 from atlas.rl.ppo import Batch, Prepared, make_batch
 from atlas.rl.replay import replay_masks
 from atlas.rl.rewards import PlacedRewards, shape_episode
@@ -42,11 +42,22 @@ class StepRollout:
     timings: dict[str, float]
 
 
-def shape(episodes: list[Episode], potential: Potential, *, gamma: float, dose: float) -> list[PlacedRewards]:
-    """Rewards on action tokens (score + dose-scaled shaping), written into the records too."""
+def shape(
+    episodes: list[Episode],
+    potential: Potential,
+    *,
+    gamma: float,
+    dose: float,
+    phis: list[list[float]] | None = None,
+) -> list[PlacedRewards]:
+    """Rewards on action tokens (score + dose-scaled shaping), written into the records too.
+    `phis`: the potential's values per episode, when already computed (they do not depend on the
+    dose); by default computed here, for all episodes at once."""
+    if phis is None:
+        phis = evaluate_potentials(potential, episodes)
     placed = []
-    for ep in episodes:
-        p = shape_episode(ep, potential, gamma=gamma, dose=dose)
+    for ep, phi in zip(episodes, phis, strict=True):
+        p = shape_episode(ep, potential, gamma=gamma, dose=dose, phi=phi)
         p.write_to(ep.records)
         placed.append(p)
     return placed

@@ -36,7 +36,7 @@ from atlas.checks.distributed import (
 from atlas.config import split_training
 from atlas.hashing import atomic_write_json
 from atlas.model.policy import ROLES
-from atlas.stage import StageParser, run
+from atlas.stage import StageParser, log, run
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     # NCCL needs a GPU per rank; with fewer GPUs than ranks the check runs on gloo over CPU
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("WORLD_SIZE", 1))
     dist.init_process_group("nccl" if cuda else "gloo")
+    # the job's threads (OMP_NUM_THREADS, inherited by both ranks) shared between the ranks
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
@@ -64,14 +66,18 @@ def main(argv: list[str] | None = None) -> None:
     total = float(sampled[:, 1:].sum())
     lr = {"actor": training.ppo.actor_lr, "critic": training.ppo.critic_lr}
 
-    # The reference: one process, the whole batch, no sharding.
-    ref = build(args.model, training, args.seed).to(device)
-    load_full(ref, tensors)
+    # The reference: one process, the whole batch, no sharding; then the same policy is sharded
+    # (one copy of the model per rank: at a real shape two would not fit beside the other jobs).
+    ac = build(args.model, training, args.seed).to(device)
+    load_full(ac, tensors)
+    where = f"distributed_roundtrip rank {rank}"
+    log(where, "policy built", backend=dist.get_backend(), device=device, tokens_per_row=ids.shape[1])
     # The centred score, plus a fixed +-1 per row so the actor term never vanishes (equal scores).
     adv = score - score.mean() + torch.tensor([(-1.0) ** i for i in range(len(score))], device=device)
-    ref_grads = step_grads(ref, ids, sampled, score, adv, total, 1.0)
+    ref_grads = step_grads(ac, ids, sampled, score, adv, total, 1.0)
+    ac.zero_grad(set_to_none=True)
+    log(where, "single-process step done")
 
-    ac = build(args.model, training, args.seed).to(device)
     # the mesh of the chosen device: fully_shard's default mesh takes the machine's accelerator,
     # a CUDA device per rank, which one GPU under gloo does not have
     mesh = init_device_mesh(device.type, (world,))
@@ -88,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                 p.to_local().add_(0.1)
     half = slice(rank * len(ids) // world, (rank + 1) * len(ids) // world)
     grads = step_grads(ac, ids[half], sampled[half], score[half], adv[half], total, float(world))
+    log(where, "sharded step done")
     excess = {
         n: ((grads[n] - ref_grads[n]).abs() - RTOL * ref_grads[n].abs()).max().item() for n in sorted(grads)
     }

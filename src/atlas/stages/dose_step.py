@@ -28,6 +28,7 @@ from atlas.contracts.records import TRAJECTORY_SCHEMA
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.model.policy import ROLES
 from atlas.rl.metrics import call_advantages, step_summary
+from atlas.rl.potentials import evaluate_potentials
 from atlas.rl.ppo import make_batch, make_optimizers, prepare, update
 from atlas.rl.replay import replay_masks
 from atlas.rl.rollout import fill_records, shape, step_questions
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     log(RUN, "rolling out once", episodes=len(specs))
     episodes = rollout(rt, specs, runtime, graders, run=RUN, step=0, phase="train", seed=seed)
     masks = [replay_masks(ep, rt) for ep in episodes]
+    phis = evaluate_potentials(potential, episodes)  # the frozen Phi: the same at every dose
 
     per_dose, records, calls, metrics_rows = [], [], [], []
     base_returns: list[float] | None = None
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
                 for n, t in ac.trainable(role).items():
                     t.copy_(start[role][n])
         eps = copy.deepcopy(episodes)
-        placed = shape(eps, potential, gamma=ppo.gamma, dose=dose)
+        placed = shape(eps, potential, gamma=ppo.gamma, dose=dose, phis=phis)
         report = check_protocol(rt, eps, runtime, placed)
         batch = make_batch(
             eps, [x.token_rewards for x in placed], masks, tokenizer.pad_token_id, resources.device
