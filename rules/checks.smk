@@ -22,11 +22,14 @@ rule checks:
     conda:
         "../envs/atlas.yaml"
     threads: JOB_THREADS
+    resources:
+        gpu=min(1, ATLAS.resources.gpus),  # fresh policies and a resumed step on the run's device
+        gpu_mem_gb=ATLAS.resources.gpu_mem_gb("checks"),
     params:
         slice=lambda wc: canonical_json(config_slice(ATLAS, "checks", wc.run)),
         snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
     shell:
-        "OMP_NUM_THREADS={threads} python -m atlas.stages.checks --config-slice {params.slice:q}"
+        "OMP_NUM_THREADS={threads} ATLAS_GPU_MEM_GB={resources.gpu_mem_gb} python -m atlas.stages.checks --config-slice {params.slice:q}"
         " --train {input.train} --val {input.val} --tests {input.tests} --model {input.model}"
         " {params.snapshot} --checkpoints results/checkpoints/{wildcards.run}"
         " --run-folder {input.run} --distributed {input.distributed} --out {output} > {log} 2>&1"

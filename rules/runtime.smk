@@ -14,10 +14,11 @@ rule smoke:
     threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
     resources:
         gpu=min(1, ATLAS.resources.gpus),  # the base model generates on the GPU it is given
+        gpu_mem_gb=ATLAS.resources.gpu_mem_gb("rollouts"),
     params:
         slice=stage_slice("smoke"),
     shell:
-        "OMP_NUM_THREADS={threads} python -m atlas.stages.smoke --config-slice {params.slice:q} --val {input.val}"
+        "OMP_NUM_THREADS={threads} ATLAS_GPU_MEM_GB={resources.gpu_mem_gb} python -m atlas.stages.smoke --config-slice {params.slice:q} --val {input.val}"
         " --tests {input.tests} --model {input.model} --out {output} > {log} 2>&1"
 
 
@@ -37,8 +38,9 @@ rule boundary:
     threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
     resources:
         gpu=min(1, ATLAS.resources.gpus),  # the base model generates on the GPU it is given
+        gpu_mem_gb=ATLAS.resources.gpu_mem_gb("rollouts"),
     params:
         slice=stage_slice("boundary"),
     shell:
-        "OMP_NUM_THREADS={threads} python -m atlas.stages.boundary --config-slice {params.slice:q} --val {input.val}"
+        "OMP_NUM_THREADS={threads} ATLAS_GPU_MEM_GB={resources.gpu_mem_gb} python -m atlas.stages.boundary --config-slice {params.slice:q} --val {input.val}"
         " --tests {input.tests} --model {input.model} --out {output} > {log} 2>&1"

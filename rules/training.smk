@@ -26,13 +26,14 @@ rule train:
     threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
     resources:
         gpu=ATLAS.resources.gpus,
+        gpu_mem_gb=ATLAS.resources.gpu_mem_gb("training"),
     params:
         slice=lambda wc: canonical_json(config_slice(ATLAS, "training", wc.run)),
         snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
         module=TRAIN_MODULE,
         launch=TRAIN_LAUNCH,  # ranks share the job's threads (atlas.rl.distributed.start)
     shell:
-        "OMP_NUM_THREADS={threads} {params.launch} -m {params.module} --config-slice {params.slice:q} --train {input.train}"
+        "OMP_NUM_THREADS={threads} ATLAS_GPU_MEM_GB={resources.gpu_mem_gb} {params.launch} -m {params.module} --config-slice {params.slice:q} --train {input.train}"
         " --val {input.val} --tests {input.tests} --model {input.model} {params.snapshot}"
         " --checkpoints results/checkpoints/{wildcards.run} --out {output} > {log} 2>&1"
 
@@ -55,10 +56,11 @@ rule dose_step:
     threads: JOB_THREADS  # resources.threads: torch uses every thread it is given
     resources:
         gpu=ATLAS.resources.gpus,
+        gpu_mem_gb=ATLAS.resources.gpu_mem_gb("training"),
     params:
         slice=stage_slice("dose_step"),
         snapshot=snapshot_arg(ATLAS.training.dose_step.snapshot_of),
     shell:
-        "OMP_NUM_THREADS={threads} python -m atlas.stages.dose_step --config-slice {params.slice:q} --train {input.train}"
+        "OMP_NUM_THREADS={threads} ATLAS_GPU_MEM_GB={resources.gpu_mem_gb} python -m atlas.stages.dose_step --config-slice {params.slice:q} --train {input.train}"
         " --val {input.val} --tests {input.tests} --model {input.model} {params.snapshot}"
         " --out {output} > {log} 2>&1"

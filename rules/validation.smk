@@ -20,12 +20,13 @@ rule validation:
     threads: JOB_THREADS
     resources:
         gpu=min(1, ATLAS.resources.gpus),
+        gpu_mem_gb=ATLAS.resources.gpu_mem_gb("rollouts"),
     params:
         slice=stage_slice("validation"),
         run=lambda wc: (
             "" if wc.policy == "base" else f"--run-folder results/runs/{wc.policy}"
         ),
     shell:
-        "OMP_NUM_THREADS={threads} python -m atlas.stages.validation --config-slice {params.slice:q}"
+        "OMP_NUM_THREADS={threads} ATLAS_GPU_MEM_GB={resources.gpu_mem_gb} python -m atlas.stages.validation --config-slice {params.slice:q}"
         " --val {input.val} --tests {input.tests} --model {input.model} --policy {wildcards.policy}"
         " {params.run} --out {output} > {log} 2>&1"

@@ -4,10 +4,11 @@
     python scripts/bench_rollout.py --config config/h200.yaml --data results/data \
         [--modes generation,episode] [--out $OUT/rollout.json]
 
-The model is `--model DIR` (a base the pipeline built: results/models/<name>) or, without it, the
-config's `model.shape` (atlas.model.shapes: random-init Qwen3 dimensions over the synthetic
-151,936-token tokenizer, built in `--tokenizer` if missing), on the GPU in bf16, on the CPU in
-float32. The runtime is the config's (`--config` merged over config/config.yaml, as Snakemake
+The model is `--model DIR`; by default the base the pipeline built for the config
+(results/models/<model.name>) or, before the pipeline has run, the config's `model.shape` built
+here (atlas.model.shapes: random-init Qwen3 dimensions over the synthetic 151,936-token
+tokenizer; `--tokenizer DIR` keeps that tokenizer for the next call); on the GPU in bf16, on the
+CPU in float32. The runtime is the config's (`--config` merged over config/config.yaml, as Snakemake
 merges it), made by the trainer's own functions.
 
 generation   one grammar-constrained generation per request: atlas.runtime.synthetic's 32
@@ -282,8 +283,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=REPO / "config/h200.yaml")
     p.add_argument("--data", type=Path, default=REPO / "results/data")
-    p.add_argument("--model", type=Path, help="a base model folder; default: the config's model.shape")
-    p.add_argument("--tokenizer", type=Path, default=REPO / ".gpu/tokenizer")
+    p.add_argument(
+        "--model",
+        type=Path,
+        help="a base model folder; default: the pipeline's build of the config's model "
+        "(results/models/<model.name>), else the config's model.shape built here",
+    )
+    p.add_argument("--tokenizer", type=Path, help="with the shape built here: a saved tokenizer to reuse")
     p.add_argument("--modes", default="generation,episode")
     p.add_argument("--arms", default="base,merged")
     p.add_argument("--episode-model", choices=("merged", "base"), default="merged")
@@ -296,14 +302,20 @@ def main() -> None:
         merged(read_yaml(REPO / "config/config.yaml"), read_yaml(args.config)), str(args.config)
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    built = REPO / "results/models" / cfg.model.name
+    if args.model is None and (built / "MANIFEST.json").is_file():
+        args.model = built
     if args.model is not None:
         base, tokenizer = load_model(args.model, device)
     else:
-        from atlas.model.shapes import shape_model, synthetic_tokenizer
+        from atlas.model.shapes import model_tokenizer, shape_model
 
-        if not (args.tokenizer / "tokenizer.json").exists():
-            synthetic_tokenizer().save_pretrained(args.tokenizer)
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        if args.tokenizer is not None and (args.tokenizer / "tokenizer.json").exists():
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        else:
+            tokenizer = model_tokenizer(cfg.model)
+            if args.tokenizer is not None:
+                tokenizer.save_pretrained(args.tokenizer)
         base = shape_model(cfg.model.shape, tokenizer, device=device)
     results = dict(command=" ".join(["scripts/bench_rollout.py", *sys.argv[1:]]), torch=torch.__version__)
     results |= dict(

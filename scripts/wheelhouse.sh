@@ -2,7 +2,7 @@
 # A wheelhouse for a GPU node without a package index: build it where pip can reach one, install it
 # on the node from local files only.
 #
-#   scripts/wheelhouse.sh build LIST DIR [PYTHON_VERSION]
+#   [PYTHON=.venv/bin/python] scripts/wheelhouse.sh build LIST DIR [PYTHON_VERSION]
 #       Downloads every `name==version` line of LIST (comments and blank lines skipped) as a binary
 #       wheel for CPython PYTHON_VERSION (default 3.12) on manylinux x86-64, without dependencies
 #       (LIST is the whole closure: name each one), into DIR, then writes DIR/SHA256SUMS.
@@ -38,9 +38,9 @@ build)
     for pin in $(list_names "$list"); do
         # a package published as source only (antlr4-python3-runtime 4.9.3) is built here into a
         # wheel; that is right only for pure-Python ones, which pip names py3-none-any
-        python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp \
+        "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --python-version "$py" --implementation cp \
             "${platforms[@]}" -d "$dir" "$pin" 2>/dev/null ||
-            python3 -m pip wheel -q --no-deps -w "$dir" "$pin" || {
+            "${PYTHON:-python3}" -m pip wheel -q --no-deps -w "$dir" "$pin" || {
             echo "wheelhouse: no wheel for $pin" >&2
             exit 1
         }

@@ -532,6 +532,15 @@ class ResourcesConfig(_Strict):
         "as it has cores. Scheduling only: not in any stage's config slice, so changing it reruns "
         "nothing.",
     )
+    gpu_memory_gb: dict[Literal["training", "rollouts", "checks"], int] | None = Field(
+        default=None,
+        description="GPU memory (GiB) each kind of GPU job holds at most: training (train, "
+        "dose_step), rollouts (smoke, boundary, validation), checks. Set, each such job claims its "
+        "amount as the Snakemake resource `gpu_mem_gb` and cannot allocate past it (torch's "
+        "per-process memory fraction; the rollout pool sizes itself within it), so `--resources "
+        "gpu_mem_gb=<the GPU's GiB>` runs side by side on one GPU the jobs that fit. null: no "
+        "claim. Scheduling only: not in any stage's config slice.",
+    )
 
     ranks: int | None = Field(
         default=None,
@@ -555,7 +564,20 @@ class ResourcesConfig(_Strict):
             raise ValueError("device: cuda needs gpus >= 1")
         if self.device == "cuda" and self.ranks is not None and self.ranks != self.gpus:
             raise ValueError(f"ranks {self.ranks} with gpus {self.gpus}: on cuda each rank has one GPU")
+        if self.gpu_memory_gb is not None:
+            if self.device != "cuda":
+                raise ValueError("gpu_memory_gb needs device: cuda")
+            missing = {"training", "rollouts", "checks"} - set(self.gpu_memory_gb)
+            if missing or min(self.gpu_memory_gb.values()) < 1:
+                raise ValueError(
+                    f"gpu_memory_gb: give training, rollouts and checks at least 1 GiB each "
+                    f"(got {self.gpu_memory_gb})"
+                )
         return self
+
+    def gpu_mem_gb(self, kind: str) -> int:
+        """The Snakemake resource `gpu_mem_gb` a job of `kind` claims (0: none)."""
+        return 0 if self.gpu_memory_gb is None else self.gpu_memory_gb[kind]
 
 
 class AtlasConfig(_Strict):
@@ -733,7 +755,8 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
     out = {key: dumped[key] for key in STAGE_SLICES[stage]}
     if "resources" in out:
         # threads schedule jobs; ranks shape the training job (the checks read the run's slice)
-        dropped = ("threads",) if stage in ("training", "checks") else ("threads", "ranks")
+        dropped = ("threads", "gpu_memory_gb")
+        dropped += () if stage in ("training", "checks") else ("ranks",)
         out["resources"] = {k: v for k, v in out["resources"].items() if k not in dropped}
     if stage in ("training", "checks", "dose_step", "validation"):
         training = dict(out["training"])

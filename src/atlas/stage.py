@@ -107,6 +107,26 @@ def log(stage: str, message: str, **fields: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {stage}: {message} {extra}".rstrip(), file=sys.stderr, flush=True)
 
 
+GPU_MEMORY_ENV = "ATLAS_GPU_MEM_GB"  # the job's claim of resources.gpu_memory_gb (rules set it)
+
+
+def hold_gpu_memory() -> float | None:
+    """The GiB of GPU memory this job claimed (GPU_MEMORY_ENV; unset or 0: no claim) made a hard
+    limit: torch's per-process memory fraction of the current GPU, so a job past its claim fails
+    alone rather than a neighbour on the same GPU. Returns the limit, or None."""
+    claim = float(os.environ.get(GPU_MEMORY_ENV) or 0)
+    if claim <= 0:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise InputError(f"{GPU_MEMORY_ENV}={claim:g}: a GPU memory claim, but torch sees no GPU")
+    device = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, claim * 2**30 / total), device)
+    return claim
+
+
 def run(main: Callable[[], None]) -> None:
     """Run a stage's main(); bad input ends it with the message alone and exit status 1.
 
@@ -125,6 +145,7 @@ def _exit_status(main: Callable[[], None]) -> int:
     """main()'s exit status, as the interpreter would give it, with its output flushed."""
     status = 0
     try:
+        hold_gpu_memory()
         main()
     except (InputError, ValidationError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -128,6 +128,26 @@ def test_captured_engine_matches_its_eager_self_and_hf_and_a_new_turn_captures_n
     assert [g.token_ids for g in fast.generate(more)] == [g.token_ids for g in grown]
 
 
+def test_a_gpu_memory_claim_caps_the_process_and_its_rollout_pool(tiny_model, monkeypatch):
+    from atlas.runtime.fast_engine import CACHE_SHARE, usable_memory
+    from atlas.stage import hold_gpu_memory
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    total = torch.cuda.get_device_properties(device).total_memory
+    monkeypatch.setenv("ATLAS_GPU_MEM_GB", "3")
+    try:
+        assert hold_gpu_memory() == 3.0
+        assert abs(usable_memory(device) - 3 * 2**30) < 2**20
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
+        rt = make_runtime(model, AutoTokenizer.from_pretrained(tiny_model), RuntimeConfig())
+        assert rt.engine.cache_bytes == int(CACHE_SHARE * usable_memory(device))
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(4 * 2**30, dtype=torch.uint8, device=device)  # past the claim
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    assert usable_memory(device) == total
+
+
 def test_liger_kernels_in_the_served_model_keep_its_log_probs(tiny_model):
     """The merged serving copy carries Liger's norms, SwiGLU and RoPE on a GPU (atlas.rl.serving):
     captured with them, the engine gives the plain model's log-probs within bf16 rounding."""

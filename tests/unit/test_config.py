@@ -126,6 +126,31 @@ def test_threads_per_job_are_scheduling_only():
         parse_config(raw4, "bad.yaml")
 
 
+def test_gpu_memory_claims_are_scheduling_only_and_need_every_kind():
+    """resources.gpu_memory_gb: each GPU job's claim (the Snakemake resource gpu_mem_gb), in no
+    stage's slice: changing it reruns nothing."""
+    raw = default_raw()
+    raw["resources"] |= {"device": "cuda", "gpus": 1}
+    claimed = copy.deepcopy(raw)
+    claimed["resources"]["gpu_memory_gb"] = {"training": 72, "rollouts": 20, "checks": 24}
+    cfg = parse_config(claimed)
+    assert [cfg.resources.gpu_mem_gb(k) for k in ("training", "rollouts", "checks")] == [72, 20, 24]
+    assert parse_config(raw).resources.gpu_mem_gb("training") == 0  # no claim
+    for stage in ("smoke", "boundary", "validation"):
+        assert config_slice(cfg, stage) == config_slice(parse_config(raw), stage)
+    for stage in ("training", "checks"):
+        assert config_slice(cfg, stage, "zero_potential") == config_slice(
+            parse_config(raw), stage, "zero_potential"
+        )
+    claimed["resources"]["gpu_memory_gb"] = {"training": 72, "rollouts": 20}
+    with pytest.raises(ConfigError, match="gpu_memory_gb: give training, rollouts and checks"):
+        parse_config(claimed, "bad.yaml")
+    cpu = default_raw()
+    cpu["resources"]["gpu_memory_gb"] = {"training": 1, "rollouts": 1, "checks": 1}
+    with pytest.raises(ConfigError, match="gpu_memory_gb needs device: cuda"):
+        parse_config(cpu, "bad.yaml")
+
+
 def test_a_training_slice_holds_only_its_own_run():
     raw = default_raw()
     before = config_slice(parse_config(raw), "training", "zero_potential")

@@ -68,3 +68,17 @@ def test_without_run_the_interpreter_would_run_the_teardown():
     proc = subprocess.run([sys.executable, "-c", program, "ok"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout == "unflushed output"
     assert "teardown ran" in proc.stderr
+
+
+def test_a_gpu_memory_claim_without_a_gpu_is_refused_before_main_runs():
+    """ATLAS_GPU_MEM_GB (a job's resources.gpu_memory_gb claim) becomes torch's per-process
+    memory fraction; where torch sees no GPU the stage stops with a message naming the claim."""
+    env = {**os.environ, "ATLAS_GPU_MEM_GB": "20", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROGRAM, "ok"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "error: ATLAS_GPU_MEM_GB=20: a GPU memory claim, but torch sees no GPU" in proc.stderr
+    assert proc.stdout == ""  # main() never ran
+    env["ATLAS_GPU_MEM_GB"] = "0"  # the rules' value when the config claims nothing
+    assert subprocess.run([sys.executable, "-c", PROGRAM, "ok"], env=env, timeout=120).returncode == 0

@@ -25,7 +25,7 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
   its tool call while the longer rows still generate.
 
 The pool grows to what a call needs (by a quarter more, to spare regrowth) up to `cache_bytes`
-(on a GPU, by default, half of the device's memory); a larger call is generated in consecutive
+(on a GPU, by default, half of the memory the process may use); a larger call is generated in consecutive
 chunks of requests that fit. Every request keeps its own sampling key, so chunks give the tokens
 one batch would. A larger pool is a new tensor: its graphs are captured again.
 
@@ -42,6 +42,7 @@ the tests compare it there with HFEngine token for token.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,8 +56,22 @@ from atlas.runtime import kv_pool
 from atlas.runtime.engine import Generation, GenerationRequest, OnFinish
 from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout
 from atlas.runtime.sampling import draw, seed_key, step_keys
+from atlas.stage import GPU_MEMORY_ENV
 
 CACHE_SHARE = 0.5  # of the GPU's memory, for the key/value pool when cache_bytes is not given
+
+
+def usable_memory(device: torch.device) -> int:
+    """Bytes of `device` this process may allocate: its total memory times the per-process
+    fraction a job's GPU memory claim set (atlas.stage.hold_gpu_memory; 1 when none)."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # newer torch only
+    if fraction is not None:
+        return int(total * fraction(device))
+    claim = float(os.environ.get(GPU_MEMORY_ENV) or 0)
+    return min(total, int(claim * 2**30)) if claim > 0 else total
+
+
 PREFILL_BUDGET = 32768  # prompt tokens in one prefill forward at most (a longer prompt goes alone)
 # host buffer rows: positions fed, where their keys go, segment starts, used positions, pick keys
 POS, WRITE, START, USED, KEY = range(5)
@@ -140,7 +155,7 @@ class StaticEngine:
         cuda = self.device.type == "cuda"
         self.flash = kv_pool.flash(self.device, self.dtype)  # else the attention runs row by row
         if cache_bytes is None and cuda:
-            cache_bytes = int(CACHE_SHARE * torch.cuda.get_device_properties(self.device).total_memory)
+            cache_bytes = int(CACHE_SHARE * usable_memory(self.device))
         self.cache_bytes = cache_bytes  # None: unbounded (CPU)
         self.position_bytes = KVPool.position_bytes(self.config, self.dtype)
         if graphs and not (cuda and self.flash):
