@@ -1,5 +1,5 @@
 """The packed attention's CUDA kernel (varlen FlashAttention-2) against a float32 reference that
-attends row by row. Skips without CUDA (CI has none); scripts/gpu_session.sh runs it on the H200."""
+attends row by row. Skips without CUDA (CI has none); `scripts/offline_node.sh run tests` runs it on a GPU node."""
 
 from __future__ import annotations
 

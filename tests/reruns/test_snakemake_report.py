@@ -215,8 +215,15 @@ def test_dot_test_configs_plan_and_lint(config, tmp_path):
             for b in blocks
             if (m := re.match(r"(?:local)?rule (\w+):", b))
         }
-        for rule in ("smoke", "boundary", "validation"):
+        for rule in ("smoke", "boundary", "validation", "checks"):
             assert "gpu=1" in claims[rule], (rule, claims[rule])
+        # and its share of GPU memory (resources.gpu_memory_gb), which reaches the stage
+        kinds = dict(train=70, dose_step=70, smoke=18, boundary=18, validation=18, checks=22)
+        for rule, gb in kinds.items():
+            assert re.search(rf"gpu_mem_gb={gb}\b", claims[rule]), (rule, claims[rule])
+        assert "ATLAS_GPU_MEM_GB=70 torchrun" in out and "ATLAS_GPU_MEM_GB=22 python -m atlas.stages.checks" in out
+        # the distributed roundtrip takes one GPU per NCCL rank and claims no memory share
+        assert "gpu=2" in claims["distributed_roundtrip"] and "gpu_mem" not in claims["distributed_roundtrip"]
     else:
         assert "python -m atlas.stages.train " in out
     lint = run_snakemake(wf, "--lint", "--configfile", configfile, timeout=120)

@@ -31,9 +31,22 @@ def _gpus() -> list[dict[str, float]]:
     )
     rows = []
     for line in out.stdout.strip().splitlines():
-        index, util, mem = (x.strip() for x in line.split(","))
-        rows.append({"gpu": int(index), "utilization_pct": float(util), "memory_used_gb": float(mem) / 1024})
+        fields = [x.strip() for x in line.split(",")]
+        if len(fields) != 3 or not fields[0].isdigit():
+            continue  # not a reading (a warning, a driver message): the sample goes without it
+        index, util, mem = fields
+        rows.append(
+            {"gpu": int(index), "utilization_pct": _number(util), "memory_used_gb": _number(mem) / 1024}
+        )
     return rows
+
+
+def _number(text: str) -> float:
+    """nvidia-smi's reading, or NaN where it prints none ("[N/A]", "[Not Supported]")."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
 
 
 class DeviceSampler:
