@@ -221,7 +221,10 @@ def test_dot_test_configs_plan_and_lint(config, tmp_path):
         kinds = dict(train=70, dose_step=70, smoke=18, boundary=18, validation=18, checks=22)
         for rule, gb in kinds.items():
             assert re.search(rf"gpu_mem_gb={gb}\b", claims[rule]), (rule, claims[rule])
-        assert "ATLAS_GPU_MEM_GB=70 torchrun" in out and "ATLAS_GPU_MEM_GB=22 python -m atlas.stages.checks" in out
+        assert (
+            "ATLAS_GPU_MEM_GB=70 torchrun" in out
+            and "ATLAS_GPU_MEM_GB=22 python -m atlas.stages.checks" in out
+        )
         # the distributed roundtrip takes one GPU per NCCL rank and claims no memory share
         assert "gpu=2" in claims["distributed_roundtrip"] and "gpu_mem" not in claims["distributed_roundtrip"]
     else:

@@ -86,7 +86,9 @@ def test_shape_model_is_seeded_padded_and_accepted_by_xgrammar(small_tokenizer):
     )
 
 
-def test_the_seeded_init_is_transformers_init_and_independent_of_the_thread_count(small_tokenizer, monkeypatch):
+def test_the_seeded_init_is_transformers_init_and_independent_of_the_thread_count(
+    small_tokenizer, monkeypatch
+):
     import atlas.model.shapes as shapes
 
     monkeypatch.setattr(shapes, "INIT_CHUNK", 1000)  # many chunks per matrix
