@@ -223,3 +223,17 @@ def decoder(model):
     if stack is None or not hasattr(stack, "layers"):
         raise ValueError(f"{type(inner).__name__}: no decoder stack at .{inner.base_model_prefix}")
     return stack
+
+
+def token_budget_cut(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive rows of `indices` while their tokens (`lengths[row]`) fit `budget`; a row
+    longer than the budget goes alone. Every row lands in exactly one micro-batch, in order."""
+    out, cur, used = [], [], 0
+    for i in indices:
+        n = lengths[i]
+        if cur and used + n > budget:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    return out + ([cur] if cur else [])

@@ -30,7 +30,7 @@ from atlas.model.policy import ActorCritic
 from atlas.rl.advantages import gae_over_sampled_batch
 from atlas.rl.fused_head import output_weight, packed_token_logprobs
 from atlas.rl.losses import entropy_from_logits, kl_penalty, masked_mean, policy_loss, value_loss
-from atlas.rl.packing import decoder, pack, packed_attention
+from atlas.rl.packing import decoder, pack, packed_attention, token_budget_cut
 from atlas.rl.replay import ReplayedMasks, masked_logprobs
 
 
@@ -136,12 +136,7 @@ class Passes:
             yield self
 
     def _hidden(self, sub: Batch):
-        return self.hidden_states(sub.input_ids, sub.attention)
-
-    def hidden_states(self, input_ids: torch.Tensor, attention: torch.Tensor):
-        """The packed rows and the decoder's final hidden states over them, [1, N, H], under the
-        active adapter (the packed path only)."""
-        packed = pack(input_ids, attention)
+        packed = pack(sub.input_ids, sub.attention)
         return packed, decoder(self.ac.peft)(**packed.model_kwargs()).last_hidden_state
 
     def logprobs(
@@ -172,20 +167,6 @@ class Passes:
 
 def _micro(indices: list[int], size: int) -> list[list[int]]:
     return [indices[i : i + size] for i in range(0, len(indices), size)]
-
-
-def token_budget_cut(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
-    """Consecutive rows of `indices` while their tokens (`lengths[row]`) fit `budget`; a row
-    longer than the budget goes alone. Every row lands in exactly one micro-batch, in order."""
-    out, cur, used = [], [], 0
-    for i in indices:
-        n = lengths[i]
-        if cur and used + n > budget:
-            out.append(cur)
-            cur, used = [], 0
-        cur.append(i)
-        used += n
-    return out + ([cur] if cur else [])
 
 
 def micro_batches(indices: list[int], batch: Batch, ppo: PPOConfig) -> list[list[int]]:

@@ -21,9 +21,11 @@ from safetensors.torch import load_file
 
 from atlas.errors import InputError
 from atlas.hashing import sha256_file
+from atlas.model.fused_lora import fused_lora
+from atlas.model.liger import liger_rope
 from atlas.model.policy import ActorCritic
+from atlas.rl.packing import decoder, pack, packed_attention, token_budget_cut
 from atlas.rl.potentials import EpisodeLike, register_potential
-from atlas.rl.ppo import Passes, token_budget_cut
 
 CHECKPOINTS_JSON = "checkpoints.json"
 SNAPSHOT_ADAPTER = "snapshot"
@@ -79,15 +81,23 @@ class CriticSnapshotPotential:
             return [self(ep) for ep in episodes]
         lengths = [len(ep.token_ids) for ep in episodes]
         out: list[list[float]] = [[] for _ in episodes]
-        passes = Passes(ac, temperature=1.0, packed=True)
-        with torch.no_grad(), passes.active(), ac.role(SNAPSHOT_ADAPTER):
+        # the update's packed path (atlas.rl.ppo.Passes), without importing the update: a verl
+        # run's agent loop builds this potential and must not rerun when the update changes
+        with (
+            torch.no_grad(),
+            liger_rope(ac.peft),
+            packed_attention(ac.peft),
+            fused_lora(ac.peft),
+            ac.role(SNAPSHOT_ADAPTER),
+        ):
             for rows in token_budget_cut(list(range(len(episodes))), lengths, BATCH_TOKENS):
                 ids = torch.zeros((len(rows), max(lengths[i] for i in rows)), dtype=torch.long)
                 attention = torch.zeros_like(ids)
                 for r, i in enumerate(rows):
                     ids[r, : lengths[i]] = torch.tensor(list(episodes[i].token_ids))
                     attention[r, : lengths[i]] = 1
-                pk, hidden = passes.hidden_states(ids.to(device), attention.to(device))
+                pk = pack(ids.to(device), attention.to(device))
+                hidden = decoder(ac.peft)(**pk.model_kwargs()).last_hidden_state
                 head = ac.frozen_heads[SNAPSHOT_ADAPTER]
                 values = pk.unpack(head(hidden[0].float()).squeeze(-1)).cpu()  # V after reading token t
                 for r, i in enumerate(rows):
