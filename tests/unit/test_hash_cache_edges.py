@@ -172,3 +172,15 @@ def test_a_process_reads_a_large_file_once_until_it_changes(tmp_path, monkeypatc
     small = big(tmp_path, "small.bin", CACHED_SIZE - 1)
     sha256_file(small), sha256_file(small)
     assert len(reads) == 4  # below CACHED_SIZE: read every time
+
+
+def test_a_file_of_several_read_chunks_hashes_as_hashlib_does(tmp_path):
+    import hashlib
+
+    import atlas.hashing as hashing
+
+    data = os.urandom(2 * hashing._CHUNK + 12345)  # two whole chunks and a part
+    f = tmp_path / "three_chunks.bin"
+    f.write_bytes(data)
+    assert sha256_file(f) == hashlib.sha256(data).hexdigest()
+    assert HashCache(tmp_path).sha256("three_chunks.bin", f) == hashlib.sha256(data).hexdigest()
