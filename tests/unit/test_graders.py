@@ -652,3 +652,17 @@ def test_left_behind_programs_are_counted_per_owning_process():
         for p in (mine, other, plain):
             p.kill()
             p.wait()
+
+
+def test_a_long_correct_answer_passes_past_max_output_bytes(sandboxed):
+    """docs/sandbox.md: stdout is kept up to twice the expected output plus 4 KiB, however small
+    max_output_bytes is, so a correct answer is never cut."""
+    n = 30_000  # the numbers 0..n-1, one a line: about 169 KB, 40 times max_output_bytes
+    expected = "".join(f"{i}\n" for i in range(n))
+    case = Case("stdin", f"{n}\n", expected)
+    echo = "n = int(input())\nprint('\\n'.join(map(str, range(n))))\n"
+    v = grade_code(echo, [case], func_name=None, cfg=CFG)
+    assert (v.status, v.passed) == ("passed", 1), v.tests[0].detail
+    short = Case("stdin", f"{n}\n", expected[: len(expected) // 2])  # half the answer expected
+    v = grade_code(echo, [short], func_name=None, cfg=CFG)
+    assert (v.status, v.tests[0].status) == ("failed", "wrong_answer")
