@@ -463,10 +463,23 @@ class GraderConfig(_Strict):
         "runs as this plus twice its grading thread's id plus its slot (0 or 1: the sandbox grading "
         "and the next one, started ahead), a uid nothing else on the machine uses.",
     )
-    require_network_isolation: bool = Field(
+    cpu_cores: float = Field(
+        default=1.0,
+        gt=0,
+        description="CPU quota of one sandbox, in cores (its cgroup's cpu bound, where cgroups are "
+        "available).",
+    )
+    scratch_inodes: int = Field(
+        default=4096,
+        ge=16,
+        description="Files, folders and links a program's scratch folder holds at once (the tmpfs's "
+        "nr_inodes, when the grader runs as root; otherwise the sandbox's cgroup memory bounds them).",
+    )
+    allow_unsandboxed: bool = Field(
         default=False,
-        description="Refuse to run programs when the bubblewrap sandbox cannot start here, instead "
-        "of recording sandboxed: false.",
+        description="Run programs without the bubblewrap sandbox where it cannot start (under the "
+        "driver alone, as the grader's user); every verdict and record then says sandboxed: false. "
+        "Off, a grading stage stops at start when bubblewrap cannot run.",
     )
 
 

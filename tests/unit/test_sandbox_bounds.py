@@ -23,7 +23,9 @@ CFG = GraderConfig(
     max_processes=7,
     scratch_mb=9,
     sandbox_uid_base=3001,
-    require_network_isolation=True,
+    allow_unsandboxed=True,
+    cpu_cores=0.75,
+    scratch_inodes=333,
 )
 
 
@@ -38,18 +40,23 @@ def test_every_limit_comes_from_its_own_config_key():
         max_processes=7,
         scratch_mb=9,
         uid_base=3001,
-        require_network_isolation=True,
+        allow_unsandboxed=True,
+        cpu_cores=0.75,
+        scratch_inodes=333,
     )
 
 
 def test_the_default_configuration_is_what_the_dataclass_defaults_say():
     limits = SandboxLimits.from_config(GraderConfig())
-    assert (limits.max_processes, limits.scratch_mb, limits.uid_base, limits.require_network_isolation) == (
-        SandboxLimits.max_processes,
-        SandboxLimits.scratch_mb,
-        SandboxLimits.uid_base,
-        False,
-    )
+    fields = ("max_processes", "scratch_mb", "uid_base", "allow_unsandboxed", "cpu_cores", "scratch_inodes")
+    assert [getattr(limits, f) for f in fields] == [getattr(SandboxLimits, f) for f in fields]
+    assert (limits.allow_unsandboxed, limits.cpu_cores, limits.scratch_inodes) == (False, 1.0, 4096)
+
+
+def test_a_sandbox_cgroup_bounds_program_scratch_and_driver_together():
+    # memory_mb 515 + scratch_mb 9 + the driver's 64 MiB; 7 processes + the driver and two bwraps
+    limits = SandboxLimits.from_config(CFG)
+    assert (limits.cgroup_memory_bytes, limits.cgroup_pids) == ((515 + 9 + 64) << 20, 10)
 
 
 @pytest.mark.parametrize("timeout_s, expected", [(None, 2.5), (7.5, 7.5), (0.25, 0.25)])

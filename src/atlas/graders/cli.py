@@ -19,6 +19,7 @@ from atlas.data.lcb import parse_row
 from atlas.data.schema import DataError, Question
 from atlas.errors import InputError
 from atlas.graders.lcb import grade_code
+from atlas.graders.sandbox import require_sandbox
 from atlas.stage import run
 
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.config.is_file():
         raise InputError(f"{args.config}: no such file; expected the pipeline config (--config)")
     config = load_config(args.config)
+    require_sandbox(config.graders.allow_unsandboxed)
     question = read_problem(args.problem, config)
     code = _read_text(args.code, "the Python program to grade")
     tests = question.public_tests if args.public_only else question.public_tests + question.private_tests

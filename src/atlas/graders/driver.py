@@ -61,75 +61,136 @@ IMPORTS = (
     "import statistics\nimport itertools\nimport functools\nimport operator\nimport io\nimport sys\n"
     "import json\nsys.setrecursionlimit(50000)\n"
 )
+PREFIX_RECURSION = 50000  # the prefix's recursion limit, set again in each test's child
 # Captured before any program runs: a program that patches marshal or json changes its own copy of
 # the module attribute, not these references.
 _marshal_dumps = marshal.dumps
 _write = os.write
 _exit = os._exit  # a program that replaces os._exit must not fall back into the driver's code
 VALUE_JSON_CAP = 16 << 20  # characters of a returned value's JSON text, counted while it is built
+VALUE_DEPTH_CAP = 100  # nesting of a returned value: deeper is an error (the grader's json.loads
+# and this driver's own recursion both stay far from their limits)
+DRIVER_RECURSION = 1000  # the driver's recursion limit; a test's child sets the prefix's 50000
 DRIVER_HEADROOM_MB = 512  # the driver's own RLIMIT_AS is the program's memory_mb plus this
 
 # --- the seccomp filters of the driver and of a test's child --------------------------------------
-# System calls a program never needs, each refused with EPERM: ptrace and cross-process memory,
-# descriptors taken from other processes, memory outside RLIMIT_AS (SysV shm / msg / sem, POSIX
-# message queues, memfds, tmpfs xattrs, keyrings, io_uring buffers), kernel interfaces (perf, bpf,
-# userfaultfd), and namespaces and mounts (already refused for want of capabilities). The driver
-# runs under the same filter but for DRIVER_NEEDS: it creates each test's stdin memfd and pidfd
-# before the fork; the child then adds the whole filter.
+# System calls a program never needs, each refused with EPERM:
+# - ptrace and cross-process memory, descriptors taken from other processes;
+# - memory outside RLIMIT_AS (SysV shm / msg / sem, POSIX message queues, memfds, tmpfs xattrs,
+#   keyrings, io_uring buffers); kernel interfaces (perf, bpf, userfaultfd); namespaces and mounts
+#   (already refused for want of capabilities);
+# - what two sandboxes share through the host kernel: file locks and leases (flock, the fcntl lock
+#   commands, which work on the read-only files every sandbox sees), inotify, fanotify and dnotify
+#   (what a neighbour opens), and the page cache's probes and levers (mincore, cachestat,
+#   RWF_NOWAIT reads, readahead, fadvise, the madvise advice that reads ahead or pages out);
+# - sockets of any family but AF_UNIX: AF_VSOCK ignores network namespaces, AF_NETLINK reaches
+#   the kernel, and the sandbox's own network namespace holds nothing for the others.
+# The driver runs under the same filter but for DRIVER_NEEDS: it creates each test's stdin memfd
+# and pidfd before the fork; the child then adds the whole filter.
 DENIED = (
     "ptrace process_vm_readv process_vm_writev pidfd_getfd pidfd_open kcmp shmget shmat shmctl "
     "msgget semget mq_open setxattr lsetxattr fsetxattr add_key request_key keyctl memfd_create "
     "memfd_secret "
     "perf_event_open bpf userfaultfd io_uring_setup io_uring_enter io_uring_register unshare setns "
-    "mount open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr"
+    "mount open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr "
+    "flock inotify_init inotify_init1 inotify_add_watch fanotify_init fanotify_mark "
+    "mincore cachestat readahead fadvise64 preadv2 pwritev2 process_madvise"
 ).split()
 DRIVER_NEEDS = ("memfd_create", "pidfd_open")
+AF_UNIX = 1
+# fcntl commands refused: F_GETLK, F_SETLK, F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW,
+# F_SETLEASE, F_GETLEASE, F_NOTIFY (dnotify).
+FCNTL_DENIED = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
+# madvise advice refused: MADV_WILLNEED, MADV_COLD, MADV_PAGEOUT, MADV_POPULATE_READ / _WRITE.
+MADVISE_DENIED = (3, 20, 21, 22, 23)
+# System calls judged by one argument (its low 32 bits, all the kernel reads of an int):
+# (name, argument index, values, whether the values are the only ones allowed or the ones refused).
+ARGUMENT_RULES = (
+    ("socket", 0, (AF_UNIX,), "allow"),
+    ("socketpair", 0, (AF_UNIX,), "allow"),
+    ("fcntl", 1, FCNTL_DENIED, "deny"),
+    ("madvise", 2, MADVISE_DENIED, "deny"),
+)
 _COMMON = {  # numbers shared by every architecture since Linux 5.1
     "pidfd_getfd": 438, "pidfd_open": 434, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-    "fsmount": 432, "fspick": 433, "mount_setattr": 442, "memfd_secret": 447,
+    "fsmount": 432, "fspick": 433, "mount_setattr": 442, "memfd_secret": 447, "cachestat": 451,
+    "process_madvise": 440,
 }  # fmt: skip
 # (AUDIT_ARCH_*, numbers) from the kernel's arch/x86/entry/syscalls/syscall_64.tbl and
-# include/uapi/asm-generic/unistd.h (aarch64).
+# include/uapi/asm-generic/unistd.h (aarch64, which has no inotify_init: it is left out there).
 SYSCALLS = {
     "x86_64": (0xC000003E, {
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "shmget": 29,
         "shmat": 30, "shmctl": 31, "msgget": 68, "semget": 64, "mq_open": 240, "setxattr": 188,
         "lsetxattr": 189, "fsetxattr": 190, "add_key": 248, "request_key": 249, "keyctl": 250,
         "memfd_create": 319, "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "unshare": 272,
-        "setns": 308, "mount": 165, **_COMMON,
+        "setns": 308, "mount": 165, "flock": 73, "inotify_init": 253, "inotify_init1": 294,
+        "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301, "mincore": 27,
+        "readahead": 187, "fadvise64": 221, "preadv2": 327, "pwritev2": 328, "socket": 41,
+        "socketpair": 53, "fcntl": 72, "madvise": 28, **_COMMON,
     }),
     "aarch64": (0xC00000B7, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
         "shmget": 194, "shmat": 196, "shmctl": 195, "msgget": 186, "semget": 190, "mq_open": 180,
         "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "add_key": 217, "request_key": 218,
         "keyctl": 219, "memfd_create": 279, "perf_event_open": 241, "bpf": 280, "userfaultfd": 282,
-        "unshare": 97, "setns": 268, "mount": 40, **_COMMON,
+        "unshare": 97, "setns": 268, "mount": 40, "flock": 32, "inotify_init1": 26,
+        "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263, "mincore": 232,
+        "readahead": 213, "fadvise64": 223, "preadv2": 286, "pwritev2": 287, "socket": 198,
+        "socketpair": 199, "fcntl": 25, "madvise": 233, **_COMMON,
     }),
 }  # fmt: skip
 X32_BIT = 0x40000000  # x86_64 system calls of the x32 ABI: refused as a whole
 _BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+_ARGS_AT = 16  # offsetof(struct seccomp_data, args): each argument 8 bytes, low word first here
 
 
 def seccomp_program(machine: str, names: tuple[str, ...] | list[str] = tuple(DENIED)) -> bytes:
     """The classic BPF program (struct sock_filter array) refusing the system calls `names` (by
-    default DENIED, the child's filter) on `machine`.
+    default DENIED, the child's filter) and the argument values of ARGUMENT_RULES on `machine`.
 
     A call made under another audit arch than the machine's own (a 32-bit `int 0x80` on x86_64)
     is refused whatever its number, since the numbers below would not apply to it."""
     arch, numbers = SYSCALLS[machine]
-    denied = sorted({numbers[name] for name in names})
-    op = struct.Struct("=HBBI").pack
-    deny_at = 3 + len(denied) + 1 + (machine == "x86_64")  # index of the final RET EPERM
-    prog = [op(_BPF_LD_W_ABS, 0, 0, 4), op(_BPF_JEQ_K, 0, deny_at - 2, arch), op(_BPF_LD_W_ABS, 0, 0, 0)]
+    denied = sorted({numbers[name] for name in names if name in numbers})
+    # Instructions with symbolic jump targets ("deny", "allow" or a rule's label), resolved below.
+    code: list[tuple[int, object, object, int]] = []
+    labels: dict[str, int] = {}
+
+    def emit(op: int, k: int, jt: object = 0, jf: object = 0) -> None:
+        code.append((op, jt, jf, k))
+
+    emit(_BPF_LD_W_ABS, 4)
+    emit(_BPF_JEQ_K, arch, 0, "deny")
+    emit(_BPF_LD_W_ABS, 0)
     if machine == "x86_64":
-        prog.append(op(_BPF_JGE_K, deny_at - len(prog) - 1, 0, X32_BIT))
+        emit(_BPF_JGE_K, X32_BIT, "deny", 0)
     for nr in denied:
-        prog.append(op(_BPF_JEQ_K, deny_at - len(prog) - 1, 0, nr))
-    prog += [op(_BPF_RET_K, 0, 0, _ALLOW), op(_BPF_RET_K, 0, 0, _EPERM)]
-    assert len(prog) == deny_at + 1
-    return b"".join(prog)
+        emit(_BPF_JEQ_K, nr, "deny", 0)
+    for name, _, _, _ in ARGUMENT_RULES:
+        emit(_BPF_JEQ_K, numbers[name], name, 0)
+    emit(_BPF_RET_K, _ALLOW)
+    for name, index, values, kind in ARGUMENT_RULES:
+        labels[name] = len(code)
+        emit(_BPF_LD_W_ABS, _ARGS_AT + 8 * index)
+        hit = "allow" if kind == "allow" else "deny"
+        for value in values:
+            emit(_BPF_JEQ_K, value, hit, 0)
+        emit(_BPF_RET_K, _EPERM if kind == "allow" else _ALLOW)
+    labels["allow"] = len(code)
+    emit(_BPF_RET_K, _ALLOW)
+    labels["deny"] = len(code)
+    emit(_BPF_RET_K, _EPERM)
+
+    op = struct.Struct("=HBBI").pack
+    out = []
+    for at, (opcode, jt, jf, k) in enumerate(code):
+        jumps = [labels[j] - at - 1 if isinstance(j, str) else j for j in (jt, jf)]
+        assert all(0 <= j <= 255 for j in jumps), "a jump past the reach of classic BPF"
+        out.append(op(opcode, jumps[0], jumps[1], k))
+    return b"".join(out)
 
 
 class Seccomp:
@@ -263,6 +324,9 @@ def child(setup: dict, text: str, fds: tuple[int, int, int, int | None]) -> None
         value_w = 3
     os.closerange(3 if value_w is None else 4, 1 << 16)  # the driver's channels stay out of reach
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the driver ignores it; a program does not
+    if setup["mode"] != "script":
+        sys.setrecursionlimit(PREFIX_RECURSION)
     _bound(setup)
     if _filter is not None:
         try:
@@ -318,11 +382,16 @@ def to_json(value, cap: int = VALUE_JSON_CAP) -> str:
     can stand for a list of millions: the length is summed over distinct objects first (once per
     object), and the text is built only when it fits."""
     sizes: dict[int, int] = {}
+    open_: set[int] = set()  # containers being sized: meeting one again is a cycle
 
-    def size(v) -> int:
+    def size(v, depth: int = 0) -> int:
         known = sizes.get(id(v))
         if known is not None:
             return known
+        if depth > VALUE_DEPTH_CAP:
+            raise _TooLarge(f"it is nested deeper than {VALUE_DEPTH_CAP} levels")
+        if id(v) in open_:
+            raise ValueError("it contains itself")
         kind = type(v)
         if v is None or kind in (bool, int, str):
             n = len(json.dumps(v))
@@ -331,11 +400,15 @@ def to_json(value, cap: int = VALUE_JSON_CAP) -> str:
                 raise ValueError("float")
             n = len(json.dumps(v))
         elif kind in (list, tuple):
-            n = 2 + 2 * max(len(v) - 1, 0) + sum(size(item) for item in v)
+            open_.add(id(v))
+            n = 2 + 2 * max(len(v) - 1, 0) + sum(size(item, depth + 1) for item in v)
+            open_.discard(id(v))
         elif kind is dict:
             if not all(type(k) is str for k in v):
                 raise ValueError("dict with non-string keys")
-            n = 2 + 2 * max(len(v) - 1, 0) + sum(size(k) + 2 + size(item) for k, item in v.items())
+            open_.add(id(v))
+            n = 2 + 2 * max(len(v) - 1, 0) + sum(size(k) + 2 + size(item, depth + 1) for k, item in v.items())
+            open_.discard(id(v))
         else:
             raise ValueError(kind.__name__)
         sizes[id(v)] = n  # every object stays alive in `value` meanwhile: ids are not reused
@@ -368,9 +441,21 @@ def _sandbox_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
+def _gone(pid: int) -> bool:
+    """Whether the test's child has ended with every thread of it (a zombie whose main thread exited
+    while other threads run on is not gone). Its exit status is the caller's to collect."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state == b"Z" and len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 def _kill_leftovers(pid: int, contained: bool) -> None:
     """Kill the test's process group and, inside a PID namespace of its own, every process but the
-    driver (setsid() escapees included), and reap the orphans: there the driver is pid 1."""
+    driver (setsid() escapees, and zombies whose other threads live on, included), and reap the
+    orphans: there the driver is pid 1."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -380,26 +465,52 @@ def _kill_leftovers(pid: int, contained: bool) -> None:
     spared = {1, os.getpid()}
     give_up = time.monotonic() + REAP_S
     while time.monotonic() < give_up:
-        alive = []
-        for other in _sandbox_pids():
-            if other in spared:
-                continue
+        left = [other for other in _sandbox_pids() if other not in spared]
+        for other in left:
             try:
-                with open(f"/proc/{other}/stat", "rb") as f:
-                    state = f.read().rsplit(b")", 1)[1].split()[0]
-                if state != b"Z":
-                    os.kill(other, signal.SIGKILL)
-                    alive.append(other)
-                elif other != pid:  # an orphan: the driver is the namespace's init, its reaper
-                    os.waitpid(other, os.WNOHANG)
-            except (FileNotFoundError, ProcessLookupError, ChildProcessError):
+                # A zombie too: a process whose main thread has exited is a zombie while its other
+                # threads run, and SIGKILL to it ends them.
+                os.kill(other, signal.SIGKILL)
+            except ProcessLookupError:
                 continue
-        if not alive:
+            if other != pid:  # an orphan: the driver is the namespace's init, its reaper
+                try:
+                    os.waitpid(other, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        if not left or (left == [pid] and _gone(pid)):
             return
         time.sleep(0.001)
 
 
-def run_test(setup: dict, test: dict, reply: int, contained: bool) -> None:
+def wipe(root: int) -> None:
+    """Remove everything in the folder open as `root`, whatever modes a program gave it, depth
+    first and without recursion (a program can nest folders deeper than any recursion limit).
+    Every process of the test is gone by then, so nothing changes the tree meanwhile."""
+    stack: list[tuple[int, str]] = [(root, "")]
+    while stack:
+        fd = stack[-1][0]
+        sub = None
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    sub = entry.name
+                    break
+                os.unlink(entry.name, dir_fd=fd)
+        if sub is not None:
+            os.chmod(sub, 0o700, dir_fd=fd)  # a folder, not a link: a program may have taken its modes
+            stack.append((os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), sub))
+            continue
+        _, name = stack.pop()
+        if stack:
+            os.close(fd)
+            os.rmdir(name, dir_fd=stack[-1][0])
+
+
+def run_test(setup: dict, test: dict, reply: int, contained: bool, scratch: tuple[int, int]) -> None:
+    """Run one test in a child, forward its stdout, kill what it left, empty the scratch folder
+    (`scratch`: its descriptor and mode), then send the D frame. A scratch folder that cannot be
+    emptied makes the D frame say the sandbox is spent: the grader ends it."""
     text = test["input"]
     timeout_s = test["timeout_s"]
     functional = setup["mode"] == "functional"
@@ -487,11 +598,17 @@ def run_test(setup: dict, test: dict, reply: int, contained: bool) -> None:
         "stdout_truncated": dropped["out"],
         "stderr_truncated": dropped["err"],
         "value": None,
+        "spent": False,
     }
     if functional and finished == "ok":
         done["value"], why = _value_of(bytes(kept["value"]))
         if why:
             done.update(status="error", returncode=1, stderr=done["stderr"] + why + "\n")
+    try:
+        os.fchmod(scratch[0], scratch[1])  # a program may have taken the folder's own modes
+        wipe(scratch[0])
+    except OSError:
+        done["spent"] = True
     send(reply, b"D", json.dumps(done).encode("utf-8"))
 
 
@@ -512,6 +629,11 @@ def main() -> None:
     import builtins
 
     builtins.exit, builtins.quit = _Quitter("exit"), _Quitter("quit")
+    # The sandbox's init ignores what it has no handler for, but Python installs one for SIGINT:
+    # a program's kill(1, SIGINT) would end the driver. Each test's child restores it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    scratch = os.open(".", os.O_RDONLY | os.O_DIRECTORY)  # the working folder: /tmp, or the host's
+    scratch_mode = os.fstat(scratch).st_mode & 0o7777
     request, reply, contained = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
     frame = read_frame(request)
     if frame is None or frame[0] != b"S":
@@ -535,6 +657,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     if setup["imports"]:
         exec(IMPORTS, _prefix)  # once here: each test's child starts from this namespace
+        sys.setrecursionlimit(DRIVER_RECURSION)  # the prefix's 50000 is for the program (child)
     # What the driver has loaded lives as long as it does: frozen, a collection in a test's child
     # never walks it (and never makes the fork copy its pages). BOOT turned collection off while
     # the interpreter loaded it.
@@ -552,7 +675,7 @@ def main() -> None:
         frame = read_frame(request)
         if frame is None:
             return
-        run_test(setup, json.loads(frame[1]), reply, contained)
+        run_test(setup, json.loads(frame[1]), reply, contained, (scratch, scratch_mode))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == [MARK]:

@@ -8,11 +8,18 @@
   The value travels back as JSON, so tuples compare as lists (at any depth).
 
 Like lcb_runner, the program is run after lcb_runner's import prefix (`from typing import *`,
-`import collections, math, heapq, ...`, a recursion limit of 50000), tests in order, stopping at
-the first failure. One sandbox per program: its driver starts once and runs each test in a child
-(sandbox.py, driver.py); test inputs go in one at a time and expected outputs never do. Bounds: `test_timeout_s` per test, and
+`import collections, math, heapq, ...`, a recursion limit of 50000), tests in order, and the
+verdict is that of the first test that did not pass. Unlike lcb_runner, a wrong answer does not
+stop the tests: what runs inside the sandbox never depends on a comparison with an expected
+output, so a program cannot learn which of its outputs passed, and each test starts with an empty
+scratch folder. Only a timeout or an error, which the program itself decides, ends its tests. One sandbox per
+program: its driver starts once and runs each test in a child (sandbox.py, driver.py); test inputs
+go in one at a time and expected outputs never do. Bounds: `test_timeout_s` per test, and
 `program_timeout_s` for all tests of the program together; a test the shrinking budget cuts short
 counts as a program timeout, and tests it leaves no time for are skipped.
+
+Whatever a program returns or prints, judging it never raises: a value that cannot be compared is
+that test's error, and a driver that died is the verdict "the sandbox ended".
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from decimal import Decimal, InvalidOperation
 
 from atlas.config import GraderConfig
 from atlas.data.schema import TestCase
-from atlas.graders.sandbox import RunResult, Sandbox, SandboxLimits
+from atlas.graders.sandbox import SANDBOX_ENDED, RunResult, Sandbox, SandboxLimits
 
 DETAIL_CHARS = 240  # longest TestOutcome.detail
 EXCERPT_CHARS = 60  # longest expected / got excerpt inside a detail
@@ -106,14 +113,20 @@ def compare_functional(value: str | None, expected: str) -> str | None:
     """None when the returned value (JSON text, from the driver) equals the JSON `expected`."""
     if value is None:
         return "no return value (the program exited before the method returned)"
-    if json.loads(value) == json.loads(expected):
+    try:
+        same = json.loads(value) == json.loads(expected)
+    except (ValueError, RecursionError, MemoryError) as err:
+        return f"the return value could not be compared ({type(err).__name__})"
+    if same:
         return None
     return f"expected {_clip(expected.strip(), EXCERPT_CHARS)!r} got {_clip(value, EXCERPT_CHARS)!r}"
 
 
 def _failure_detail(run: RunResult) -> str:
     """The end of stderr (where a traceback names the exception), or the signal that killed it."""
-    if run.returncode is not None and run.returncode < 0:
+    if run.returncode is None:  # the driver died (a program's doing, or the cgroup's memory bound)
+        return SANDBOX_ENDED
+    if run.returncode < 0:
         try:
             name = signal.Signals(-run.returncode).name
         except ValueError:  # a real-time signal has no name
@@ -139,6 +152,15 @@ def _keep_bytes(test: TestCase, limits: SandboxLimits) -> int:
 
 
 def _outcome(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
+    """The judgement of one run; anything the comparison raises is the test's error, never the
+    grader's."""
+    try:
+        return _judge(run, test, timeout_s)
+    except Exception as err:  # noqa: BLE001 - a program's output must not crash the grader
+        return TestOutcome("error", run.wall_s, f"the output could not be judged ({type(err).__name__})")
+
+
+def _judge(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
     if run.status == "timeout":
         return TestOutcome("timeout", run.wall_s, f"no exit within {timeout_s:.3g} s")
     if run.status == "error":
@@ -154,6 +176,10 @@ def _outcome(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
     return TestOutcome("wrong_answer", run.wall_s, _clip(difference, DETAIL_CHARS))
 
 
+# Outcomes after which the later tests do not run. Both are the program's own doing (its time,
+# its exit), never the comparison's: a program learns nothing it could not know, while a wrong
+# answer, which only the expected output decides, never changes what runs next.
+STOPS = {"timeout": "timed out", "error": "ended in an error"}
 # A test outcome -> the program status it gives when it is the first test that did not pass.
 VERDICT_OF = {"passed": "passed", "wrong_answer": "failed", "timeout": "timeout", "error": "error"}
 
@@ -174,10 +200,10 @@ def grade_code(
     *,
     func_name: str | None,
     cfg: GraderConfig,
-    stop_at_first_failure: bool = True,
     sandbox: Sandbox | None = None,
 ) -> Verdict:
-    """Run `code` on `tests` in order, one sandboxed child per test, and judge each.
+    """Run `code` on `tests` in order, one sandboxed child per test, and judge each. A wrong answer
+    never stops the tests; a timeout, an error or the program's spent time budget does.
 
     `sandbox`: one started ahead for this program (never loaded), which grade_code loads and
     closes; by default it starts its own."""
@@ -225,8 +251,8 @@ def grade_code(
                 skip = ("program_timeout", f"not run: {budget_note}")
             else:
                 verdict_of_test.append(VERDICT_OF[outcome.status])
-                if outcome.status != "passed" and stop_at_first_failure:
-                    skip = ("skipped", "not run: an earlier test failed")
+                if outcome.status in STOPS:
+                    skip = ("skipped", f"not run: an earlier test {STOPS[outcome.status]}")
             outcomes.append(outcome)
     finally:
         if box is not None:

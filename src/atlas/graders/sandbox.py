@@ -54,9 +54,11 @@ import functools
 import json
 import marshal
 import os
+import re
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -67,12 +69,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from atlas.graders import driver
+from atlas.errors import InputError
+from atlas.graders import cgroups, driver
 
 if TYPE_CHECKING:
     from atlas.config import GraderConfig
 
 SCRATCH_PREFIX = "atlas-sandbox-"
+SCRATCH_NAME = re.compile(r"atlas-sandbox-(\d{1,10})-[A-Za-z0-9_]{1,16}")  # tempfile.mkdtemp's names
 DRIVER_SOURCE = Path(driver.__file__).read_text(encoding="utf-8")
 # The driver goes in compiled (the sandbox's interpreter is this one): compiling its text in every
 # sandbox cost more than starting the interpreter does. BOOT reads it from its own pipe.
@@ -97,13 +101,28 @@ SANDBOX_UID = 65534  # the program's uid and gid as it sees them
 UIDS_PER_THREAD = 2  # sandboxes one grading thread holds at once: the one grading, the next one
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 START_TIMEOUT_S = 10.0  # a sandbox that has not started by then is an error
+SANDBOX_ENDED = "the sandbox ended before the run did"  # a RunResult's stderr when the driver died
 HOST_GRACE_S = 0.3  # past a test's bound, the driver's own kill has had this long to report
 KILL_GRACE_S = 5.0
+SANDBOX_OVERHEAD_MB = 64  # the driver's interpreter and lcb_runner's imports, in the cgroup's bound
+STAGE_SCRATCH = "/tmp/atlas-scratch"  # where the root stage mounts the inode-bounded scratch tmpfs
+# The first process of a sandbox: join its cgroups (the files before "--"), make it the kernel's
+# first choice when memory runs out, then become the sandbox's bwrap.
+JOIN = (
+    'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; '
+    'echo 1000 >/proc/self/oom_score_adj || exit 125; exec "$@"'
+)
+# The root stage's scratch: a tmpfs with a size and a count of inodes (bwrap's --size has no
+# inode bound), owned by the sandbox's uid.
+MOUNT_SCRATCH = (
+    'mount -t tmpfs -o "size=$1,nr_inodes=$2,mode=0700,uid=$3,gid=$3" atlas-scratch '
+    f'{STAGE_SCRATCH} || exit 125; shift 3; exec "$@"'
+)
 READ_CHUNK = 1 << 16
 
 
-class SandboxUnavailable(RuntimeError):
-    """The sandbox cannot run here as configured."""
+class SandboxUnavailable(InputError):
+    """The sandbox cannot run here as configured: a stage stops with this message."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +138,20 @@ class SandboxLimits:
     max_processes: int = 8  # processes and threads at once in one sandbox (RLIMIT_NPROC)
     scratch_mb: int = 64  # size of the sandbox's /tmp
     uid_base: int = 1_900_000_000  # host uids of sandboxes start here (when the grader is root)
-    require_network_isolation: bool = False
+    allow_unsandboxed: bool = False  # run under the driver alone where bubblewrap cannot start
+    cpu_cores: float = 1.0  # CPU quota of the whole sandbox (its cgroup)
+    scratch_inodes: int = 4096  # files, folders and links in /tmp at once (when the grader is root)
+
+    @property
+    def cgroup_memory_bytes(self) -> int:
+        """The sandbox cgroup's memory bound, kernel memory included: a program's RLIMIT_AS, its
+        scratch (tmpfs pages are charged to their writer) and the driver's own."""
+        return (self.memory_mb + self.scratch_mb + SANDBOX_OVERHEAD_MB) << 20
+
+    @property
+    def cgroup_pids(self) -> int:
+        """The sandbox cgroup's task bound: the program's, the driver and the bwrap processes."""
+        return self.max_processes + 3
 
     @classmethod
     def from_config(cls, cfg: GraderConfig, timeout_s: float | None = None) -> SandboxLimits:
@@ -134,7 +166,9 @@ class SandboxLimits:
             max_processes=cfg.max_processes,
             scratch_mb=cfg.scratch_mb,
             uid_base=cfg.sandbox_uid_base,
-            require_network_isolation=cfg.require_network_isolation,
+            allow_unsandboxed=cfg.allow_unsandboxed,
+            cpu_cores=cfg.cpu_cores,
+            scratch_inodes=cfg.scratch_inodes,
         )
 
 
@@ -231,10 +265,11 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str], 
         "/dev",
         "--remount-ro",
         "/dev",
-        "--size",
-        str(limits.scratch_mb << 20),
-        "--tmpfs",
-        "/tmp",
+        *(
+            ["--bind", STAGE_SCRATCH, "/tmp"]
+            if as_root
+            else ["--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp"]
+        ),
         "--remount-ro",
         "/",
         "--chdir",
@@ -255,7 +290,9 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str], 
     # (--die-with-parent), and the kernel then kills everything below, the unprivileged bwrap
     # (whose parent-death signal the uid change cleared) included.
     stage = [bwrap, *info, "--unshare-pid", "--dev-bind", "/", "/", "--tmpfs", "/tmp"]
-    stage += ["--ro-bind", PREFIX, STAGE_PYTHON]
+    stage += ["--ro-bind", PREFIX, STAGE_PYTHON, "--dir", STAGE_SCRATCH]
+    scratch = [shutil.which("sh") or "/bin/sh", "-c", MOUNT_SCRATCH, "atlas-scratch"]
+    scratch += [str(limits.scratch_mb << 20), str(limits.scratch_inodes), str(uid)]
     drop = [
         shutil.which("setpriv") or "setpriv",
         f"--reuid={uid}",
@@ -263,7 +300,7 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str], 
         "--clear-groups",
         "--pdeathsig=SIGKILL",
     ]
-    return [*stage, "--die-with-parent", "--", *drop, "--", *inner]
+    return [*stage, "--die-with-parent", "--", *scratch, *drop, "--", *inner]
 
 
 # --- host uids of sandboxes (when the grader is root) ----------------------------------------------
@@ -299,24 +336,26 @@ def scratch_prefix(owner: int | None = None) -> str:
     return f"{SCRATCH_PREFIX}{os.getpid() if owner is None else owner}-"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale_scratch(root: str | None = None) -> list[str]:
-    """Remove the scratch folders whose grader process is gone; returns what was removed."""
+    """Remove the scratch folders of unsandboxed runs whose grader process is gone: only folders
+    named as this module names them, owned by this user, never a link. Never raises."""
     root = root or tempfile.gettempdir()
     removed = []
-    for name in os.listdir(root):
-        owner = name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
-        if name.startswith(SCRATCH_PREFIX) and owner.isdigit() and not _alive(int(owner)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        match = SCRATCH_NAME.fullmatch(name)
+        if match is None or cgroups._alive(int(match.group(1))):
+            continue
+        path = os.path.join(root, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():
+            shutil.rmtree(path, ignore_errors=True)
             removed.append(name)
     return removed
 
@@ -400,12 +439,7 @@ class Sandbox:
     ):
         _swept()
         self.limits, self.mode = limits, mode
-        self.sandboxed = isolation_available()
-        if not self.sandboxed and limits.require_network_isolation:
-            raise SandboxUnavailable(
-                "graders.require_network_isolation is true, but bubblewrap cannot start here "
-                f"({_probe()[1]}); expected bwrap and user namespaces"
-            )
+        self.sandboxed = require_sandbox(limits.allow_unsandboxed)
         self._spawn()
         if code is not None:
             self.load(code, func_name=func_name)
@@ -425,9 +459,12 @@ class Sandbox:
         fds = (request_r, reply_w, info_w, code_r)
         driver_args = [PYTHON, *PYTHON_FLAGS, "-c", BOOT, driver.MARK, str(request_r), str(reply_w)]
         driver_args += ["1" if self.sandboxed else "0", str(code_r)]
-        self.scratch, self.uid, self.loaded = None, None, False
+        self.scratch, self.uid, self.loaded, self.cgroup = None, None, False, None
         env = dict(ENV)
         try:
+            self.cgroup = cgroups.Cgroup(
+                self.limits.cgroup_memory_bytes, self.limits.cgroup_pids, self.limits.cpu_cores
+            )
             if self.sandboxed:
                 self.uid = _claim_uid(self.limits.uid_base) if os.geteuid() == 0 else None
                 command, cwd = _bwrap_command(self.limits, info_w, driver_args, self.uid), "/"
@@ -435,8 +472,9 @@ class Sandbox:
                 self.scratch = tempfile.mkdtemp(prefix=scratch_prefix())
                 command, cwd = driver_args, self.scratch
                 env.update(HOME=self.scratch, TMPDIR=self.scratch)
+            join = [shutil.which("sh") or "/bin/sh", "-c", JOIN, "atlas-sandbox-join"]
             self.proc = subprocess.Popen(
-                command,
+                [*join, *self.cgroup.procs_files, "--", *command],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
@@ -452,6 +490,8 @@ class Sandbox:
                 _release_uid(self.uid)
             if self.scratch is not None:
                 shutil.rmtree(self.scratch, ignore_errors=True)
+            if self.cgroup is not None:
+                self.cgroup.close()
             raise
         finally:
             for fd in fds:
@@ -536,10 +576,10 @@ class Sandbox:
             self.close()
             # Not the driver's stderr: text there is no verdict's business (the program's own
             # stderr comes in the D frame, capped).
-            why = "the sandbox ended before the run did"
+            why = SANDBOX_ENDED
             return RunResult(
                 "timeout" if timed_out else "error",
-                None if timed_out else -signal.SIGKILL,
+                None,
                 out.text(),
                 why,
                 out.truncated,
@@ -547,6 +587,8 @@ class Sandbox:
                 wall_s,
                 self.sandboxed,
             )
+        if done.get("spent"):  # its scratch could not be emptied: the next test gets a new sandbox
+            self.close()
         err = done["stderr"].encode("utf-8")
         cap = self.limits.max_output_bytes
         return RunResult(
@@ -607,6 +649,9 @@ class Sandbox:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
+        if self.cgroup is not None:  # what escaped the kill above, then the cgroups themselves
+            self.cgroup.close()
+            self.cgroup = None
 
     def __enter__(self) -> Sandbox:
         return self
@@ -652,6 +697,22 @@ def isolation_available() -> bool:
 def isolation_problem() -> str:
     """Why bubblewrap cannot start here ('' when it can)."""
     return _probe()[1]
+
+
+def require_sandbox(allow_unsandboxed: bool) -> bool:
+    """Whether programs run sandboxed here; raises SandboxUnavailable when bubblewrap cannot start
+    and running without it was not asked for (graders.allow_unsandboxed). Says once what this
+    host's cgroups cannot bound. Grading stages call it first, so a missing or broken bwrap stops
+    them at start."""
+    if not isolation_available() and not allow_unsandboxed:
+        raise SandboxUnavailable(
+            f"bubblewrap cannot start here ({isolation_problem()}); graded code runs only inside it. "
+            "Install bubblewrap (scripts/setup.sh) and allow user namespaces, or set "
+            "graders.allow_unsandboxed: true to run programs without it (every verdict then says "
+            "sandboxed: false)"
+        )
+    cgroups.say_missing_once()
+    return isolation_available()
 
 
 def run_program(code: str, stdin: str = "", *, limits: SandboxLimits) -> RunResult:

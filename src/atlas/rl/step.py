@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from atlas.config import GraderConfig, PPOConfig, RunConfig, RuntimeConfig, TrainingConfig, TrainSlice
+from atlas.graders.sandbox import require_sandbox
 from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
 from atlas.rl import journal
@@ -114,6 +115,7 @@ class Session:
 def open_session(sl: TrainSlice, args, ranks: Ranks | None = None) -> Session:
     """The policy (fresh, seeded), its potential, optimizers and runtime, and the run's data."""
     runtime, graders, training, seed = sl.runtime, sl.graders, sl.training, sl.seed
+    require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
     random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
     torch.manual_seed(seed)
     val_rows = read_questions(args.val)

@@ -80,7 +80,6 @@ def execute_call(
             public,
             func_name=question.get("func_name"),
             cfg=graders,
-            stop_at_first_failure=name == "submit",
         )
         score = 1.0 if name == "submit" and verdict.status == "passed" else 0.0
         return ToolResult(

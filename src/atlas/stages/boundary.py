@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlas.config import BoundarySlice, GraderConfig, RuntimeConfig
-from atlas.graders.sandbox import sandboxed_processes
+from atlas.graders.sandbox import require_sandbox, sandboxed_processes
 from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes, start_episode
 from atlas.runtime.inputs import read_questions, read_tests, rollout_parser
 from atlas.runtime.protocol import ProtocolReport, check_episodes
@@ -280,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     args = rollout_parser(__doc__.splitlines()[0]).parse_args(argv)
     sl = BoundarySlice.model_validate(args.config_slice)
     runtime, graders, resources = sl.runtime, sl.graders, sl.resources
+    require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
 
     rt = load_runtime(args.model, runtime, resources.device)
     questions, tests = read_questions(args.val), read_tests(args.tests)

@@ -25,6 +25,7 @@ import torch
 from atlas.config import DoseSlice, RunConfig
 from atlas.contracts import runs
 from atlas.contracts.records import TRAJECTORY_SCHEMA
+from atlas.graders.sandbox import require_sandbox
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.model.policy import ROLES
 from atlas.rl.metrics import call_advantages, step_summary
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         sl.training,
         sl.run,
     )
+    require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
     ppo, seed = training.ppo, sl.seed
     run_cfg = RunConfig(
         potential=dose_cfg.potential, snapshot_of=dose_cfg.snapshot_of, snapshot_step=dose_cfg.snapshot_step

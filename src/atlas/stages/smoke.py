@@ -16,6 +16,7 @@ import sys
 
 from atlas.config import SmokeSlice
 from atlas.contracts.protocol import PINNED_COUNTS
+from atlas.graders.sandbox import require_sandbox
 from atlas.runtime.episode import EpisodeSpec, run_episodes
 from atlas.runtime.inputs import read_questions, read_tests, rollout_parser, smoke_slice
 from atlas.runtime.protocol import check_episodes
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     args = rollout_parser(__doc__.splitlines()[0]).parse_args(argv)
     sl = SmokeSlice.model_validate(args.config_slice)
     runtime, graders, smoke, resources = sl.runtime, sl.graders, sl.smoke, sl.resources
+    require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
 
     questions = smoke_slice(read_questions(args.val), smoke.questions)
     tests = read_tests(args.tests)

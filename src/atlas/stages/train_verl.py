@@ -21,6 +21,7 @@ import shlex
 import subprocess
 
 from atlas.config import TrainSlice
+from atlas.graders.sandbox import require_sandbox
 from atlas.hashing import sha256_file
 from atlas.rl import journal, recovery, runlock
 from atlas.rl.journal import validation_points
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = slice_config(s)
     sl = TrainSlice.model_validate(s)
     name, steps = sl.run.name, sl.run.steps
+    require_sandbox(sl.graders.allow_unsandboxed)  # verl's agent loop grades: bwrap missing stops here
     root = args.checkpoints
     runlock.guard(root, name)  # one writer per run folder, dying with its parent
     fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in training_inputs(args)}}

@@ -37,6 +37,7 @@ from atlas.checks.compact import CheckFailed
 from atlas.config import ValidationSlice
 from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.contracts.runs import ANSWERS_SCHEMA, arrow_table
+from atlas.graders.sandbox import require_sandbox
 from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
 from atlas.model.policy import ActorCritic
 from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     s = args.config_slice
     sl = ValidationSlice.model_validate(s)
     runtime, graders, resources, training = sl.runtime, sl.graders, sl.resources, sl.training
+    require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
     model, tokenizer = load_model(args.model, resources.device)
     probes: dict = {"base_tensors": {}}
 

@@ -1,0 +1,528 @@
+"""Attacks on what sandboxes share: with each other, with the host kernel, with the grader.
+
+One attack per class of docs/sandbox.md's "What two sandboxes share": a verdict oracle (scratch
+kept between tests, tests stopped at a wrong answer, the page cache's levers), a return value
+that crashes the grader, kernel memory outside every bound (inodes), file locks, inotify, sockets
+that ignore the network namespace (vsock, netlink), a process that outlives its test (a zombie
+leader whose threads run on), no CPU or memory bound per sandbox, SIGINT to the driver, and
+grading that fails open (no bwrap, a stale scratch folder with an absurd name). Each attack got
+through before the sandbox held it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from atlas.config import GraderConfig, config_slice, load_config
+from atlas.data.schema import TestCase as Case  # not `Test*`: pytest would collect it
+from atlas.graders import cgroups
+from atlas.graders.lcb import compare_functional, grade_code, grade_many
+from atlas.graders.sandbox import (
+    SANDBOX_ENDED,
+    Sandbox,
+    SandboxLimits,
+    isolation_available,
+    isolation_problem,
+    run_program,
+    sandboxed_processes,
+    sweep_stale_scratch,
+)
+from atlas.runtime.execute import execute_call
+from atlas.runtime.tools import CodeBounds, tools_for
+from conftest import FIXTURES, REPO, read_jsonl
+
+CFG = GraderConfig(test_timeout_s=3.0, program_timeout_s=20.0, max_output_bytes=4096, memory_mb=256)
+LIMITS = SandboxLimits.from_config(CFG)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sandbox_required():
+    if not isolation_available():
+        message = f"bubblewrap cannot start here: {isolation_problem()}"
+        if os.environ.get("ATLAS_REQUIRE_ISOLATION") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def probe(body: str, limits: SandboxLimits = LIMITS) -> dict:
+    """Run `body` (which fills the dict `seen`) in a sandbox; returns `seen`."""
+    code = "import json\nseen = {}\n" + body + "\nprint(json.dumps(seen))\n"
+    r = run_program(code, limits=limits)
+    assert (r.status, r.sandboxed) == ("ok", True), r.stderr
+    assert sandboxed_processes() == []
+    return json.loads(r.stdout)
+
+
+ERRNO = """
+import errno, os
+def attempt(name, call):
+    try:
+        call()
+        seen[name] = "allowed"
+    except OSError as err:
+        seen[name] = errno.errorcode.get(err.errno, str(err.errno))
+"""
+
+
+# --- 1. no verdict oracle ---------------------------------------------------------------------
+
+
+def test_each_test_starts_with_an_empty_scratch_folder_whatever_the_program_left():
+    """The scratch folder carried a program's state from test to test. Each test now finds /tmp
+    empty, however the program left it: files, a folder it locked itself out of, a deep chain."""
+    code = """import os
+print(len(os.listdir("/tmp")))
+open("/tmp/guess", "w").write("1")
+os.makedirs("/tmp/locked/inner")
+os.chmod("/tmp/locked", 0)
+path = "/tmp"
+for _ in range(300):  # deeper than a recursive removal's comfort, short of PATH_MAX's reach
+    path += "/d"
+    os.mkdir(path)
+os.symlink("/tmp/guess", "/tmp/link")
+"""
+    v = grade_code(code, [Case("stdin", "", "0")] * 3, func_name=None, cfg=CFG)
+    assert [(t.status, t.detail) for t in v.tests] == [("passed", "")] * 3
+
+
+def test_a_wrong_answer_never_changes_what_runs_next():
+    """lcb_runner stops at the first wrong answer, so a program could learn which guess passed
+    from whether it ran again. Every test runs; the program is told nothing."""
+    code = "import sys\nn = int(sys.stdin.readline())\nprint(n if n % 2 else -1)\n"  # wrong on even n
+    tests = [Case("stdin", f"{n}\n", f"{n}\n") for n in (2, 3, 4, 5)]
+    v = grade_code(code, tests, func_name=None, cfg=CFG)
+    assert [t.status for t in v.tests] == ["wrong_answer", "passed", "wrong_answer", "passed"]
+    assert (v.status, v.passed) == ("failed", 2)
+    # A timeout or an error, which the program decides, does end its tests.
+    crash = "import sys\nn = int(sys.stdin.readline())\nassert n != 3\nprint(n)\n"
+    v = grade_code(crash, tests, func_name=None, cfg=CFG)
+    assert [t.status for t in v.tests] == ["passed", "error", "skipped", "skipped"]
+    assert v.tests[2].detail == "not run: an earlier test ended in an error"
+
+
+def test_the_page_cache_levers_are_refused():
+    """Pages of a read-only file carried a program's guesses across gradings. The calls that show
+    or change what the page cache holds are refused (reading a file still loads its pages)."""
+    seen = probe(
+        ERRNO
+        + """
+import ctypes, mmap, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def checked(result):
+    if result == -1:
+        raise OSError(ctypes.get_errno(), "")
+fd = os.open(sys.executable, os.O_RDONLY)
+size = os.fstat(fd).st_size
+view = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+vec = ctypes.create_string_buffer(size // 4096 + 1)
+libc.mmap.restype = ctypes.c_void_p
+mapped = ctypes.c_void_p(libc.mmap(None, size, 1, 1, fd, 0))  # PROT_READ, MAP_SHARED
+attempt("mincore", lambda: checked(libc.mincore(mapped, ctypes.c_size_t(size), vec)))
+attempt("fadvise", lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
+attempt("readahead", lambda: checked(libc.readahead(fd, ctypes.c_long(0), ctypes.c_size_t(size))))
+attempt("nowait_read", lambda: os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT))
+attempt("willneed", lambda: view.madvise(mmap.MADV_WILLNEED))
+attempt("pageout", lambda: checked(libc.madvise(mapped, ctypes.c_size_t(4096), 21)))
+attempt("cachestat", lambda: checked(libc.syscall(451, fd, None, None, 0)))
+attempt("read", lambda: os.pread(fd, 4096, 0))
+"""
+    )
+    assert seen == {
+        "mincore": "EPERM",
+        "fadvise": "EPERM",
+        "readahead": "EPERM",
+        "nowait_read": "EPERM",
+        "willneed": "EPERM",
+        "pageout": "EPERM",
+        "cachestat": "EPERM",
+        "read": "allowed",
+    }
+
+
+# --- 2. the grader never crashes ------------------------------------------------------------------
+
+NESTED = "class Solution:\n    def f(self, x):\n        v = []\n        for _ in range({n}):\n            v = [v]\n        return v\n"
+SELF = "class Solution:\n    def f(self, x):\n        v = []\n        v.append(v)\n        return v\n"
+
+
+def test_a_deep_or_self_referencing_return_value_is_an_error_not_a_crash():
+    tests = [Case("functional", "1", "[]"), Case("functional", "2", "[]")]
+    for code, why in [
+        (NESTED.format(n=1900), "the return value is too large (it is nested deeper than 100 levels)"),
+        (NESTED.format(n=40_000), "the return value (list) is not JSON-serialisable"),  # past marshal's
+        (SELF, "the return value is not JSON-serialisable (it contains itself)"),
+    ]:
+        v = grade_code(code, tests, func_name="f", cfg=CFG)
+        assert (v.status, v.tests[0].status, v.tests[0].detail) == ("error", "error", f"exit status 1; {why}")
+    v = grade_code(
+        NESTED.format(n=99), [Case("functional", "1", "[" * 100 + "]" * 100)], func_name="f", cfg=CFG
+    )
+    assert v.status == "passed"  # 99 wraps of [] are 100 levels: within the bound
+
+
+def test_a_return_value_the_comparison_cannot_parse_is_that_tests_error():
+    deep = "[" * 100_000 + "]" * 100_000
+    assert compare_functional(deep, "[]") == "the return value could not be compared (RecursionError)"
+    assert compare_functional("[]", "[]") is None
+
+
+def test_a_crashing_value_ends_no_rollout():
+    """execute_call is what a rollout calls: a submit whose value once raised RecursionError there
+    comes back as a tool error with a score of 0."""
+    question = {"source": "lcb", "func_name": "countPairs"}
+    code = NESTED.format(n=1900).replace("def f(self, x)", "def countPairs(self, nums)")
+    tests = [(Case("functional", "[1, 2]", "0"), "public")]
+    offered = tools_for("lcb", CodeBounds(run=4000, escapes=400))
+    result = execute_call(
+        {"name": "submit", "arguments": {"code": code}}, None, offered, question, tests, CFG, 400
+    )
+    assert (result.status, result.score, result.ends_episode) == ("error", 0.0, True)
+    assert "nested deeper than 100 levels" in result.output
+
+
+# --- 3. kernel memory outside every bound: inodes ------------------------------------------------
+
+
+def test_the_scratch_folder_holds_a_bounded_number_of_inodes():
+    """Symlinks take no tmpfs bytes but kernel memory: 450k of them cost the host 600 MiB."""
+    if os.geteuid() != 0:
+        pytest.skip("the scratch tmpfs's inode bound needs the root stage; the cgroup bounds it otherwise")
+    limits = SandboxLimits.from_config(CFG.model_copy(update={"scratch_inodes": 300}))
+    seen = probe(
+        ERRNO
+        + """
+made = 0
+try:
+    for made in range(100_000):
+        os.symlink("x", f"/tmp/{made}")
+except OSError as err:
+    seen["stopped"] = errno.errorcode[err.errno]
+seen["made"] = made
+""",
+        limits,
+    )
+    assert seen == {"stopped": "ENOSPC", "made": 299}  # the folder itself is the 300th inode
+
+
+# --- 4, 5, 6. nothing shared between sandboxes or with the host's kernel -----------------------
+
+
+def test_two_sandboxes_graded_at_once_cannot_signal_through_file_locks():
+    """One program locked a byte of a shared read-only file at an offset that encoded its answer;
+    the other, graded at the same time, read it back with F_GETLK and passed without computing."""
+    writer = """import fcntl, os, sys, time, errno
+fd = os.open(sys.executable, os.O_RDONLY)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 4242)
+    print("locked")
+except OSError as err:
+    print(errno.errorcode[err.errno])
+time.sleep(1.0)
+"""
+    reader = """import fcntl, os, struct, sys, time, errno
+fd = os.open(sys.executable, os.O_RDONLY)
+found = "none"
+for _ in range(60):
+    query = struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0)
+    try:
+        kind, _, start, _, _ = struct.unpack("hhqqi", fcntl.fcntl(fd, fcntl.F_GETLK, query))
+    except OSError as err:
+        found = errno.errorcode[err.errno]
+        break
+    if kind != fcntl.F_UNLCK:
+        found = str(start)
+        break
+    time.sleep(0.02)
+print(found)
+"""
+    cfg = CFG.model_copy(update={"workers": 2})
+    tests = [Case("stdin", "", "x")]
+    verdicts = grade_many([(writer, tests, None), (reader, tests, None)], cfg=cfg)
+    assert [v.tests[0].detail for v in verdicts] == ["expected 'x' got 'EPERM'", "expected 'x' got 'EPERM'"]
+
+
+def test_inotify_fanotify_and_dnotify_are_refused():
+    """A watch on a shared read-only folder showed what the neighbouring sandbox imported."""
+    seen = probe(
+        ERRNO
+        + """
+import ctypes, fcntl, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def checked(result):
+    if result == -1:
+        raise OSError(ctypes.get_errno(), "")
+attempt("inotify_init1", lambda: checked(libc.inotify_init1(0)))
+attempt("inotify_init", lambda: checked(libc.syscall(253)))
+attempt("fanotify_init", lambda: checked(libc.fanotify_init(0, 0)))
+folder = os.open(os.path.dirname(os.__file__), os.O_RDONLY)
+attempt("dnotify", lambda: fcntl.fcntl(folder, fcntl.F_NOTIFY, fcntl.DN_ACCESS))
+attempt("lease", lambda: fcntl.fcntl(folder, fcntl.F_SETLEASE, fcntl.F_RDLCK))
+attempt("flock", lambda: fcntl.flock(folder, fcntl.LOCK_SH))
+attempt("getfl", lambda: fcntl.fcntl(folder, fcntl.F_GETFL))
+"""
+    )
+    assert seen == {
+        "inotify_init1": "EPERM",
+        "inotify_init": "EPERM",
+        "fanotify_init": "EPERM",
+        "dnotify": "EPERM",
+        "lease": "EPERM",
+        "flock": "EPERM",
+        "getfl": "allowed",  # fcntl itself stays: only its lock, lease and notify commands go
+    }
+
+
+def test_only_unix_sockets_can_be_made():
+    """vsock ignores network namespaces (a VM host's agent listens there); netlink talks to the
+    kernel. Only AF_UNIX sockets, which reach nothing outside the sandbox, are made."""
+    seen = probe(
+        ERRNO
+        + """
+import socket
+for name, family, kind in [
+    ("vsock", 40, socket.SOCK_STREAM),
+    ("netlink", 16, socket.SOCK_RAW),
+    ("packet", 17, socket.SOCK_RAW),
+    ("inet", socket.AF_INET, socket.SOCK_STREAM),
+    ("inet6", socket.AF_INET6, socket.SOCK_DGRAM),
+    ("unix", socket.AF_UNIX, socket.SOCK_STREAM),
+]:
+    attempt(name, lambda: socket.socket(family, kind).close())
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def raw_socket(family):  # the system call itself, with bits above the int the kernel reads
+    fd = libc.syscall(41 if os.uname().machine == "x86_64" else 198, ctypes.c_long(family), 1, 0)
+    if fd == -1:
+        raise OSError(ctypes.get_errno(), "")
+    os.close(fd)
+attempt("vsock_high_bits", lambda: raw_socket(40 | (1 << 32)))
+attempt("unix_pair", lambda: [s.close() for s in socket.socketpair()])
+"""
+    )
+    assert seen == {
+        "vsock": "EPERM",
+        "netlink": "EPERM",
+        "packet": "EPERM",
+        "inet": "EPERM",
+        "inet6": "EPERM",
+        "unix": "allowed",
+        "vsock_high_bits": "EPERM",
+        "unix_pair": "allowed",
+    }
+
+
+# --- 7. a process that outlives its test -------------------------------------------------------
+
+
+def test_a_zombie_leader_whose_threads_run_on_is_killed_after_its_test():
+    """A process whose main thread has exited shows as a zombie while its threads run; the
+    after-test kill skipped zombies, so it ran on into the next test."""
+    code = """import ctypes, os, threading, time
+print(len([p for p in os.listdir("/proc") if p.isdigit()]))  # the driver and this program
+if os.fork() == 0:
+    os.setsid()
+    threading.Thread(target=lambda: time.sleep(60)).start()
+    ctypes.CDLL(None).syscall(60 if os.uname().machine == "x86_64" else 93, 0)  # exit: this thread only
+time.sleep(0.2)  # the leader is a zombie by now, its thread alive
+"""
+    v = grade_code(code, [Case("stdin", "", "2")] * 3, func_name=None, cfg=CFG)
+    assert [(t.status, t.detail) for t in v.tests] == [("passed", "")] * 3
+    assert sandboxed_processes() == []
+
+
+# --- 8. CPU and memory bounds per sandbox ----------------------------------------------------------
+
+
+def test_a_sandbox_lives_in_cgroups_that_hold_its_bounds():
+    layout = cgroups.layout()
+    assert layout.missing == "", layout.missing  # CI's hosts give cgroups; say so if not
+    limits = SandboxLimits.from_config(CFG.model_copy(update={"cpu_cores": 0.5, "max_processes": 5}))
+    with Sandbox("print(1)", mode="script", limits=limits) as box:  # loaded: its driver is up
+        read = lambda controller, name: Path(box.cgroup.file(controller, name)).read_text().split()  # noqa: E731
+        memory = read("memory", "memory.max" if "memory" in layout.v2 else "memory.limit_in_bytes")
+        assert memory == [str((256 + 64 + 64) << 20)]  # memory_mb + scratch_mb + the driver's 64 MiB
+        assert read("pids", "pids.max") == ["8"]  # max_processes + the driver and two bwraps
+        if "cpu" in layout.v2:
+            assert read("cpu", "cpu.max") == ["50000", "100000"]
+        else:
+            assert read("cpu", "cpu.cfs_quota_us") + read("cpu", "cpu.cfs_period_us") == ["50000", "100000"]
+        assert str(box.proc.pid) in read("memory", "cgroup.procs")  # bwrap, the sandbox's first process
+        folders = list(box.cgroup.folders)
+        assert folders and all(os.path.isdir(f) for f in folders)
+    assert not any(os.path.exists(f) for f in folders)  # removed with the sandbox
+
+
+def test_memory_is_bounded_per_sandbox_not_per_process():
+    """Four processes under RLIMIT_AS each reached 1.8 GiB together against memory_mb 1024."""
+    code = """import os
+children = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(200 << 20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        os._exit(0)
+    children.append(pid)
+print(sorted(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children))
+print(open("/proc/self/oom_score_adj").read().strip())
+"""
+    r = run_program(code, limits=LIMITS)  # memory_mb 256: the sandbox holds 384 MiB in all
+    killed, adj = r.stdout.split("\n")[:2]
+    assert sorted(set(json.loads(killed))) == [-9, 0]  # some held their 200 MiB, the rest were killed
+    assert adj == "1000"  # the kernel's first choice when memory runs out, before the trainer
+
+
+def test_cpu_is_bounded_per_sandbox():
+    """One program used 1.4 cores of 2. Two busy processes get the sandbox's quota together."""
+    code = """import os, time
+start, cpu = time.monotonic(), os.times()
+pid = os.fork()
+end = start + 1.0
+while time.monotonic() < end:
+    pass
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+t = os.times()
+used = (t.user + t.system + t.children_user + t.children_system) - (cpu.user + cpu.system)
+print(round(used / (time.monotonic() - start), 2))
+"""
+    limits = SandboxLimits.from_config(CFG.model_copy(update={"cpu_cores": 0.25}))
+    r = run_program(code, limits=limits)
+    assert r.status == "ok", r.stderr
+    assert float(r.stdout) <= 0.4  # 0.25 cores, by the cgroup's quota; 2 processes would use 2
+
+
+# --- 9. SIGINT ------------------------------------------------------------------------------------
+
+
+def test_sigint_to_the_driver_changes_nothing():
+    code = "import os, signal, time\nos.kill(1, signal.SIGINT)\ntime.sleep(0.1)\nprint(7)\n"
+    v = grade_code(code, [Case("stdin", "", "7")] * 2, func_name=None, cfg=CFG)
+    assert [(t.status, t.detail) for t in v.tests] == [("passed", "")] * 2
+    # The program's own SIGINT is still Python's KeyboardInterrupt.
+    v = grade_code(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n",
+        [Case("stdin", "", "7")],
+        func_name=None,
+        cfg=CFG,
+    )
+    assert v.status == "error" and v.tests[0].detail.endswith("KeyboardInterrupt")
+
+
+def test_a_driver_that_died_is_named_so_not_blamed_on_a_limit():
+    from atlas.graders.lcb import _failure_detail
+    from atlas.graders.sandbox import RunResult
+
+    run = RunResult("error", None, "", SANDBOX_ENDED, False, False, 0.1, True)
+    assert _failure_detail(run) == "the sandbox ended before the run did"
+
+
+# --- 10. fail closed ------------------------------------------------------------------------------
+
+
+def grade_cli(tmp_path: Path, graders: dict, path: str) -> subprocess.CompletedProcess:
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
+    config["graders"] = graders
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    row = next(r for r in read_jsonl(FIXTURES / "lcb_train.jsonl") if r["question_id"] == "abc300_a")
+    (tmp_path / "row.json").write_text(json.dumps(row), encoding="utf-8")
+    (tmp_path / "prog.py").write_text("print(0)\n", encoding="utf-8")
+    command = [sys.executable, "-m", "atlas", "grade", "lcb", "--problem", str(tmp_path / "row.json")]
+    command += ["--code", str(tmp_path / "prog.py"), "--config", str(tmp_path / "config.yaml")]
+    env = {**os.environ, "PATH": path}
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+
+
+def no_bwrap_path(tmp_path: Path) -> str:
+    """PATH with the tools a grader needs (sh, setpriv, mount) and no bwrap."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "setpriv", "mount"):
+        found = subprocess.run(
+            ["sh", "-c", f"command -v {tool}"], capture_output=True, text=True
+        ).stdout.strip()
+        if found:
+            os.symlink(found, bin_dir / tool)
+    return str(bin_dir)
+
+
+def test_without_bwrap_grading_stops_with_a_clear_error(tmp_path):
+    proc = grade_cli(tmp_path, {"test_timeout_s": 1.0}, no_bwrap_path(tmp_path))
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith(
+        "error: bubblewrap cannot start here (bwrap (Debian package bubblewrap) is not on PATH); "
+        "graded code runs only inside it."
+    ), proc.stderr
+    assert "graders.allow_unsandboxed: true" in proc.stderr
+
+
+def test_unsandboxed_grading_only_when_asked_and_the_verdict_says_so(tmp_path):
+    proc = grade_cli(tmp_path, {"test_timeout_s": 1.0, "allow_unsandboxed": True}, no_bwrap_path(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(proc.stdout)
+    assert (verdict["sandboxed"], verdict["total"]) == (False, 5)
+
+
+def test_a_training_stage_stops_at_start_without_bwrap(tmp_path):
+    """The smoke stage refuses before it loads a model (its model path does not even exist)."""
+    s = config_slice(load_config(REPO / "config" / "config.yaml"), "smoke")
+    command = [sys.executable, "-m", "atlas.stages.smoke", "--config-slice", json.dumps(s)]
+    command += ["--out", str(tmp_path / "out"), "--val", str(tmp_path / "val.parquet")]
+    command += ["--tests", str(tmp_path / "tests.parquet"), "--model", str(tmp_path / "no-model")]
+    env = {**os.environ, "PATH": no_bwrap_path(tmp_path)}
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: bubblewrap cannot start here"), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_stale_scratch_sweep_touches_only_its_own_folders_and_never_raises(tmp_path, monkeypatch):
+    root = tmp_path / "tmp"
+    root.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = {
+        "absurd": "atlas-sandbox-" + "9" * 20 + "-abc",  # raised OverflowError in every grader start
+        "dead": f"atlas-sandbox-{dead.pid}-abc",
+        "alive": f"atlas-sandbox-{os.getpid()}-abc",
+        "foreign": f"atlas-sandbox-{dead.pid}-xyz",
+        "link": f"atlas-sandbox-{dead.pid}-lnk",
+    }
+    target = tmp_path / "not-scratch"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    for key, name in names.items():
+        if key == "link":
+            os.symlink(target, root / name)
+        else:
+            (root / name).mkdir()
+    if os.geteuid() == 0:
+        os.chown(root / names["foreign"], 4321, 4321)
+    removed = sweep_stale_scratch(str(root))
+    assert removed == [names["dead"]]
+    left = sorted(os.listdir(root))
+    assert left == sorted(n for k, n in names.items() if k != "dead")
+    assert (target / "keep").read_text() == "x"
+    monkeypatch.setattr(os, "listdir", lambda _: (_ for _ in ()).throw(PermissionError("no")))
+    assert sweep_stale_scratch(str(root)) == []  # an unreadable folder: nothing, and no raise
+
+
+def test_a_v2_parent_without_the_controllers_is_named_with_the_way_out(tmp_path, monkeypatch):
+    fake = tmp_path / "cg"
+    fake.mkdir()
+    (fake / "cgroup.controllers").write_text("cpuset io\n")
+    monkeypatch.setenv(cgroups.PARENT_ENV, str(fake))
+    parent, why = cgroups._v2_parent(None)
+    assert parent is None and why == f"cgroup v2 at {fake} does not offer memory, pids, cpu"
+    (fake / "cgroup.controllers").write_text("memory pids cpu io\n")
+    (fake / "cgroup.subtree_control").write_text("memory pids cpu\n")
+    assert cgroups._v2_parent(None) == (str(fake), "")
