@@ -574,20 +574,27 @@ def test_cli_refuses_bad_input_with_a_message(tmp_path):
     )
 
 
-def test_without_bubblewrap_runs_are_recorded_unsandboxed(scratch_root, monkeypatch):
-    # Where bwrap cannot start (the probe fails), runs go on under the same driver without it.
+def test_without_bubblewrap_runs_are_refused_unless_asked_for_and_then_recorded_unsandboxed(
+    scratch_root, monkeypatch
+):
+    # Where bwrap cannot start (the probe fails), grading refuses; allow_unsandboxed runs programs
+    # under the same driver without it.
     monkeypatch.setattr(sandbox, "_probe", lambda: (False, "no user namespaces (test)"))
     assert not isolation_available()
-    r = run_program("import subprocess\nsubprocess.Popen(['sleep', '30'])\nprint('started')", limits=LIMITS)
+    with pytest.raises(
+        SandboxUnavailable, match=r"bubblewrap cannot start here \(no user namespaces \(test\)\)"
+    ):
+        run_program("print(1)", limits=LIMITS)
+    open_limits = SandboxLimits.from_config(CFG.model_copy(update={"allow_unsandboxed": True}))
+    code = "import subprocess\nsubprocess.Popen(['sleep', '30'])\nprint('started')"
+    r = run_program(code, limits=open_limits)
     assert (r.status, r.stdout, r.sandboxed) == ("ok", "started\n", False)
     assert r.wall_s < 1  # the sleeper holding the pipes is killed with the group
     assert_contained(scratch_root, r)
-    v = grade_code(SOLUTIONS["abc300_a"], all_tests(SUM_MOD_3), func_name=None, cfg=CFG)
+    cfg = CFG.model_copy(update={"allow_unsandboxed": True})
+    v = grade_code(SOLUTIONS["abc300_a"], all_tests(SUM_MOD_3), func_name=None, cfg=cfg)
     assert (v.status, v.sandboxed) == ("passed", False)
     assert_contained(scratch_root)
-    strict = SandboxLimits.from_config(GraderConfig(require_network_isolation=True))
-    with pytest.raises(SandboxUnavailable, match="require_network_isolation is true"):
-        run_program("print(1)", limits=strict)
 
 
 ADVERSARIAL = {

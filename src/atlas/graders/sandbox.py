@@ -41,8 +41,9 @@ bwrap, the interpreter and lcb_runner's imports are then ready when the program 
 lcb.grade_many uses to overlap a sandbox's start with the grading before it. It still runs one
 program, then it is closed.
 
-Where bwrap cannot start (no user namespaces), programs run under the same driver without it, and
-every result says `sandboxed=False`; with `require_network_isolation` the run is refused instead.
+Where bwrap cannot start (not installed, no user namespaces), grading is refused
+(`require_sandbox`, SandboxUnavailable) unless `allow_unsandboxed` asks for programs to run under
+the same driver without it; every result then says `sandboxed=False`.
 Those runs use a host scratch folder named after the grader's pid; the next grader sweeps the
 folders of graders that are gone.
 """
