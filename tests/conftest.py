@@ -33,6 +33,18 @@ WORKFLOW_PARTS = ("Snakefile", "rules", "config", "profiles", "envs", "src", "re
 FOLDERS = ("unit", "workflow", "reruns", "gpu")
 
 
+def require_bubblewrap() -> None:
+    """Skip a sandbox test where bubblewrap cannot start; under ATLAS_REQUIRE_ISOLATION=1 (CI),
+    fail instead: isolation is a guarantee there."""
+    from atlas.graders.sandbox import isolation_available, isolation_problem
+
+    if not isolation_available():
+        message = f"bubblewrap cannot start here: {isolation_problem()}"
+        if os.environ.get("ATLAS_REQUIRE_ISOLATION") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 # The modules that read the run and take longest, in the order the workers get them, so that the
 # two end close together: a worker gets its next module once the one it runs has two tests left,
 # so a long module of one test goes first (it is handed out with the one after it), then the

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlas.graders.sandbox import SCRATCH_PREFIX, isolation_available, isolation_problem, sandboxed_processes
-from conftest import FIXTURES, copy_workflow, read_jsonl
+from atlas.graders.sandbox import SCRATCH_PREFIX, sandboxed_processes
+from conftest import FIXTURES, copy_workflow, read_jsonl, require_bubblewrap
 
 GRADERS = {"test_timeout_s": 1.0, "program_timeout_s": 2.0}
 BOUND_S = 0.5  # how far past its bound a verdict may come
@@ -34,11 +34,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox_required():
-    if not isolation_available():
-        message = f"bubblewrap cannot start here: {isolation_problem()}"
-        if os.environ.get("ATLAS_REQUIRE_ISOLATION") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_bubblewrap()
 
 
 @pytest.fixture(scope="module", autouse=True)

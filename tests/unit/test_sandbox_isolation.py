@@ -28,15 +28,13 @@ from atlas.graders.sandbox import (
     SANDBOX_ENDED,
     Sandbox,
     SandboxLimits,
-    isolation_available,
-    isolation_problem,
     run_program,
     sandboxed_processes,
     sweep_stale_scratch,
 )
 from atlas.runtime.execute import execute_call
 from atlas.runtime.tools import CodeBounds, tools_for
-from conftest import FIXTURES, REPO, read_jsonl
+from conftest import FIXTURES, REPO, read_jsonl, require_bubblewrap
 
 CFG = GraderConfig(test_timeout_s=3.0, program_timeout_s=20.0, max_output_bytes=4096, memory_mb=256)
 LIMITS = SandboxLimits.from_config(CFG)
@@ -44,11 +42,7 @@ LIMITS = SandboxLimits.from_config(CFG)
 
 @pytest.fixture(scope="module", autouse=True)
 def sandbox_required():
-    if not isolation_available():
-        message = f"bubblewrap cannot start here: {isolation_problem()}"
-        if os.environ.get("ATLAS_REQUIRE_ISOLATION") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_bubblewrap()
 
 
 def probe(body: str, limits: SandboxLimits = LIMITS) -> dict:
@@ -61,7 +55,11 @@ def probe(body: str, limits: SandboxLimits = LIMITS) -> dict:
 
 
 ERRNO = """
-import errno, os
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def checked(result):
+    if result == -1:
+        raise OSError(ctypes.get_errno(), "")
 def attempt(name, call):
     try:
         call()
@@ -113,11 +111,7 @@ def test_the_page_cache_levers_are_refused():
     seen = probe(
         ERRNO
         + """
-import ctypes, mmap, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def checked(result):
-    if result == -1:
-        raise OSError(ctypes.get_errno(), "")
+import mmap, sys
 fd = os.open(sys.executable, os.O_RDONLY)
 size = os.fstat(fd).st_size
 view = mmap.mmap(fd, size, prot=mmap.PROT_READ)
@@ -253,11 +247,7 @@ def test_inotify_fanotify_and_dnotify_are_refused():
     seen = probe(
         ERRNO
         + """
-import ctypes, fcntl, sys
-libc = ctypes.CDLL(None, use_errno=True)
-def checked(result):
-    if result == -1:
-        raise OSError(ctypes.get_errno(), "")
+import fcntl, sys
 attempt("inotify_init1", lambda: checked(libc.inotify_init1(0)))
 attempt("inotify_init", lambda: checked(libc.syscall(253)))
 attempt("fanotify_init", lambda: checked(libc.fanotify_init(0, 0)))
@@ -295,12 +285,9 @@ for name, family, kind in [
     ("unix", socket.AF_UNIX, socket.SOCK_STREAM),
 ]:
     attempt(name, lambda: socket.socket(family, kind).close())
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
 def raw_socket(family):  # the system call itself, with bits above the int the kernel reads
     fd = libc.syscall(41 if os.uname().machine == "x86_64" else 198, ctypes.c_long(family), 1, 0)
-    if fd == -1:
-        raise OSError(ctypes.get_errno(), "")
+    checked(fd)
     os.close(fd)
 attempt("vsock_high_bits", lambda: raw_socket(40 | (1 << 32)))
 attempt("unix_pair", lambda: [s.close() for s in socket.socketpair()])
