@@ -120,7 +120,9 @@ def test_static_engine_matches_the_hf_engine_token_for_token(runtime):
     # Each request's segment holds its prompt and its cap (the grammar's bound, under 1000 here).
     bound = requests[0].grammar.token_bound
     assert fast._caps(requests)[0] == bound < 1000
-    assert fast.pool.positions >= fast.positions([len(r.prompt_ids) + bound for r in requests])
+    sizes = [len(r.prompt_ids) + r.grammar.token_bound for r in requests]
+    assert [fast.segment_size(r) for r in requests] == sizes
+    assert fast.pool.positions >= sum(map(fast.segment_size, requests)) + fast.max_rows + 1  # + scratch
     # A second call reuses the pool and still agrees; a token cap is honoured.
     pool = fast.pool
     short = requests_for(runtime, 3, max_new=5)
@@ -243,20 +245,23 @@ def test_prompts_past_the_prefill_budget_run_in_several_forwards_with_the_same_t
     assert small.last_timing["prefill_tokens"] == sum(len(r.prompt_ids) for r in requests)
 
 
-def test_a_batch_past_the_cache_budget_runs_in_chunks_with_the_same_tokens(runtime):
-    """cache_bytes that fit 2 requests: 5 requests run as 3 chunks, and every row equals one
-    batch's; a budget under one request is refused with the numbers."""
+def test_a_batch_past_the_cache_budget_waits_for_positions_with_the_same_tokens(runtime):
+    """cache_bytes that hold 2 requests' segments at a time: 5 requests start 2 by 2, each
+    waiting one placed in the positions an ended row gave back, and every row equals one batch's;
+    a budget under one request is refused with the numbers."""
     requests = requests_for(runtime, 5)
-    whole = eager_static_engine(runtime, min_batch=1).generate(requests)
-    probe = eager_static_engine(runtime, min_batch=1)
-    sizes = [len(r.prompt_ids) + c for r, c in zip(requests, probe._caps(requests), strict=True)]
-    two = max(probe.positions(sizes[k : k + 2]) for k in range(4))
-    fast = eager_static_engine(runtime, min_batch=1, cache_bytes=two * probe.position_bytes)
-    assert fast.chunks(requests) == [2, 2, 1]
-    chunked = fast.generate(requests)
-    assert fast.last_timing["chunks"] == 3
-    assert_same_rows(whole, chunked)
+    whole = eager_static_engine(runtime, min_batch=1, max_rows=8).generate(requests)
+    probe = eager_static_engine(runtime, min_batch=1, max_rows=8)
+    sizes = sorted(map(probe.segment_size, requests))
+    two = sizes[-1] + sizes[-2] + probe.max_rows + 1  # the two largest segments and the scratch rows
+    fast = eager_static_engine(runtime, min_batch=1, max_rows=8, cache_bytes=two * probe.position_bytes)
+    budgeted = fast.generate(requests)
+    assert_same_rows(whole, budgeted)
     assert fast.pool.positions <= two
+    assert fast.last_timing["admissions"] >= 3  # 2, then the others as rows end
+    # not all at once: one batch would end with its longest row
+    assert fast.last_timing["steps"] > max(len(g.token_ids) for g in whole)
+    assert fast.last_timing["rows"] == sum(len(g.token_ids) for g in whole)
     tight = eager_static_engine(runtime, cache_bytes=probe.position_bytes * 8)
     with pytest.raises(
         RuntimeError, match=r"one request needs \d+ key/value positions .* cache_bytes \(\d+\)"

@@ -52,6 +52,7 @@ class Generation:
     sampled: list[int] = field(default_factory=list)  # 1 sampled, 0 forced (grammar left one token)
     finish_reason: str = "length"  # "stop": grammar completed with a stop token; "length": cap hit
     mask_s: float = 0.0  # time spent filling and applying grammar masks for this row's batch
+    engine_s: float = 0.0  # the engine's wall time while it worked on this row, shared among its rows
 
 
 # Called with a request's index and its finished generation as soon as that row ends (while the
@@ -59,10 +60,78 @@ class Generation:
 OnFinish = Callable[[int, Generation], None]
 
 
+@dataclass
+class Arrivals:
+    """What a feed has for the engine now."""
+
+    requests: list[tuple[object, GenerationRequest]]  # (tag, request): ready to generate
+    ended: list[object]  # cache keys that no later request continues: their keys may go
+    more: bool  # whether a later poll may bring requests
+
+
+class Feed(Protocol):
+    """Requests that become ready while an engine runs (the episode loop's next turns, once their
+    tools return), and where finished generations go.
+
+    poll(block, settle): the requests ready now. `block`: wait until one is ready or none can
+    come. `settle`: first wait until nothing the feed runs is in flight, so every request that
+    can be made is made (an engine that generates in rounds asks this)."""
+
+    def poll(self, block: bool = False, settle: bool = False) -> Arrivals: ...
+
+    def finished(self, tag: object, gen: Generation) -> None: ...
+
+
+class ListFeed:
+    """A fixed list of requests as a feed; the generations land in `outs`, in request order."""
+
+    def __init__(self, requests: Sequence[GenerationRequest], on_finish: OnFinish | None = None):
+        self.requests, self.on_finish = list(requests), on_finish
+        self.outs: list[Generation | None] = [None] * len(self.requests)
+        self._given = False
+
+    def poll(self, block: bool = False, settle: bool = False) -> Arrivals:
+        given, self._given = self._given, True
+        return Arrivals([] if given else list(enumerate(self.requests)), [], False)
+
+    def finished(self, tag: object, gen: Generation) -> None:
+        self.outs[tag] = gen
+        if self.on_finish is not None:
+            self.on_finish(tag, gen)
+
+
+def serve_in_rounds(generate, feed: Feed) -> None:
+    """Serve a feed through a batch `generate(requests, on_finish)`: once nothing is in flight,
+    every ready request in one call, until none is left. A row goes to the feed the moment it
+    ends; its `engine_s` (the call's wall time shared evenly) is set when the call returns, before
+    the feed is polled again."""
+    while True:
+        arrivals = feed.poll(block=True, settle=True)
+        if not arrivals.requests:
+            return
+        tags = [tag for tag, _ in arrivals.requests]
+        reported: set[int] = set()
+
+        def finished(i: int, gen: Generation, tags=tags, reported=reported) -> None:
+            reported.add(i)
+            feed.finished(tags[i], gen)
+
+        t = time.perf_counter()
+        gens = generate([r for _, r in arrivals.requests], on_finish=finished)
+        share = (time.perf_counter() - t) / len(gens)
+        for gen in gens:
+            gen.engine_s = share
+        for i, gen in enumerate(gens):
+            if i not in reported:  # an engine that did not report this row
+                finished(i, gen)
+
+
 class RolloutEngine(Protocol):
     def generate(
         self, requests: Sequence[GenerationRequest], on_finish: OnFinish | None = None
     ) -> list[Generation]: ...
+
+    def serve(self, feed: Feed) -> None: ...
 
 
 class HFEngine:
@@ -94,6 +163,10 @@ class HFEngine:
         self._cache_arg = (
             "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
         )
+
+    def serve(self, feed: Feed) -> None:
+        """A feed in rounds (serve_in_rounds): the batch of a round runs to its last row."""
+        serve_in_rounds(self.generate, feed)
 
     @torch.no_grad()
     def generate(

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -53,8 +54,8 @@ import xgrammar as xgr
 
 from atlas.model.liger import liger_rope
 from atlas.runtime import kv_pool
-from atlas.runtime.engine import Generation, GenerationRequest, OnFinish
-from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout
+from atlas.runtime.engine import Feed, Generation, GenerationRequest, ListFeed, OnFinish
+from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout, Segments
 from atlas.runtime.sampling import draw, seed_key, step_keys
 from atlas.stage import GPU_MEMORY_ENV
 
@@ -73,6 +74,12 @@ def usable_memory(device: torch.device) -> int:
 
 
 PREFILL_BUDGET = 32768  # prompt tokens in one prefill forward at most (a longer prompt goes alone)
+MAX_ROWS = 512  # rows generating at once, at most; more requests wait for a row to end
+# Requests that arrive while rows generate join them at the next step when they are at least
+# ADMIT_SHARE of the rows generating, or when the oldest has waited ADMIT_WAIT steps: a prefill
+# forward has a fixed cost of several decode steps, so arrivals are gathered, not run one by one.
+ADMIT_SHARE = 0.25
+ADMIT_WAIT = 16
 # host buffer rows: positions fed, where their keys go, segment starts, used positions, pick keys
 POS, WRITE, START, USED, KEY = range(5)
 
@@ -128,6 +135,9 @@ class StaticEngine:
         shrink: bool = True,
         cache_bytes: int | None = None,
         prefill_budget: int = PREFILL_BUDGET,
+        max_rows: int = MAX_ROWS,
+        admit_share: float = ADMIT_SHARE,
+        admit_wait: int = ADMIT_WAIT,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -143,6 +153,8 @@ class StaticEngine:
         self._word, self._bit = vocab // 32, (vocab % 32).to(torch.int32)  # where token t's bit lives
         self.batch_matcher = xgr.BatchGrammarMatcher()
         self.min_batch, self.shrink, self.prefill_budget = min_batch, shrink, prefill_budget
+        self.max_rows = bucket(max_rows, min_batch)  # rows generating at once, at most
+        self.admit_share, self.admit_wait = admit_share, admit_wait
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.config = inner.config
         if getattr(self.config, "sliding_window", None) and getattr(self.config, "use_sliding_window", False):
@@ -169,7 +181,10 @@ class StaticEngine:
         self._pick_fn = torch.compile(self._pick, dynamic=True, backend=backend) if compile else self._pick
         self._graph_pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.pool: KVPool | None = None
-        # cache_key -> (tokens, segment start): the keys and values the last call left in the pool
+        self.segments: Segments | None = None  # which of the pool's positions are taken
+        self._scratch = 0  # bucket row j's scratch position: _scratch + j
+        # cache_key -> (tokens, segment start): the keys and values a finished row left in the
+        # pool for its conversation's next request (oldest first: evicted first)
         self._kept: dict[object, tuple[list[int], int]] = {}
         self._buckets: dict[int, Rows] = {}
         self._state = None  # the model's adapter state the graphs were captured under
@@ -182,20 +197,63 @@ class StaticEngine:
     def budget_positions(self) -> int | None:
         return None if self.cache_bytes is None else self.cache_bytes // self.position_bytes
 
-    def _ensure_pool(self, need: int) -> None:
-        if self.pool is not None and self.pool.positions >= need:
-            return
-        size = pool_positions(need)
+    def _new_pool(self, need: int) -> None:
+        """A pool for `need` positions (a quarter more, within the budget); the scratch positions of
+        the largest bucket first. Whatever the old pool kept goes with it."""
+        scratch = self.max_rows + 1
+        size = pool_positions(need + scratch)
         if (budget := self.budget_positions()) is not None:
-            if need > budget:  # chunks() keeps every chunk within the budget
-                raise RuntimeError(f"{need} key/value positions asked of a pool of at most {budget}")
             size = min(size, budget)
         self.pool = None
-        self._kept = {}  # the old pool's keys and values go with it
+        self._kept = {}
         self._drop_graphs()  # they write into the old pool
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the old pool's memory, before the larger one is taken
         self.pool = KVPool(self.config, size, self.device, self.dtype)
+        self.segments = Segments(size)
+        self._scratch = self.segments.take(scratch)
+
+    def _grow_pool(self, need: int) -> bool:
+        """A larger pool, for `need` more positions than are taken, with every position of this
+        one where it was (live rows and kept keys stay valid); False at the budget."""
+        taken = self.pool.positions - self.segments.free_positions
+        size = pool_positions(taken + need)
+        if (budget := self.budget_positions()) is not None:
+            size = min(size, budget)
+        if size <= self.pool.positions:
+            return False
+        old = self.pool
+        self._drop_graphs()  # they write into the old pool
+        self.pool = KVPool(self.config, size, self.device, self.dtype)
+        self.pool.kv[:, :, : old.positions].copy_(old.kv)
+        del old
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.segments.grow(size)
+        self._clock["pool_grows"] += 1
+        return True
+
+    def _place(self, size: int, want: int, keep: set) -> int | None:
+        """The start of a segment of `size` positions: from free positions, else a larger pool
+        (sized for `want`, all that waits), else by evicting the oldest kept keys not in `keep`.
+        None while rows hold the positions it needs."""
+        while (start := self.segments.take(size)) is None:
+            if not (self._grow_pool(max(want, size)) or self._evict(keep)):
+                return None
+        return start
+
+    def _evict(self, keep: set) -> bool:
+        for key in self._kept:
+            if key not in keep:
+                self._forget(key)
+                self._clock["evicted"] += 1
+                return True
+        return False
+
+    def _forget(self, key) -> None:
+        """Drop a conversation's kept keys and give their positions back."""
+        if (old := self._kept.pop(key, None)) is not None:
+            self.segments.give(old[1], len(old[0]))
 
     def _drop_graphs(self) -> None:
         """Forget every captured graph. Their memory pool goes with the last of them, so later
@@ -382,10 +440,10 @@ class StaticEngine:
         return logits
 
     def _reuse(self, requests: Sequence[GenerationRequest], starts: np.ndarray) -> np.ndarray:
-        """Move the keys and values this call can reuse to the new segments: for each request, the
-        kept tokens of its cache_key's last request when its prompt begins with them (one token at
-        least is left to compute: the first pick needs the prompt's last logits). Returns the
-        positions reused per request."""
+        """Move the keys and values these requests can reuse to their new segments: for each
+        request, the tokens its cache_key's last request left, when its prompt begins with them
+        (one token at least is left to compute: the first pick needs the prompt's last logits).
+        What a key kept is given back either way. Returns the positions reused per request."""
         kept = np.zeros(len(requests), dtype=np.int64)
         src, dst = [], []
         for i, r in enumerate(requests):
@@ -403,6 +461,9 @@ class StaticEngine:
             dst_t = torch.from_numpy(np.concatenate(dst)).to(self.device)
             for layer in self.pool.kv:  # [2, positions, heads, dim]; read out before any write
                 layer.index_copy_(1, dst_t, layer.index_select(1, src_t))
+        for r in requests:
+            if r.cache_key is not None:
+                self._forget(r.cache_key)  # copied out, or stale
         self._clock["reused_tokens"] += int(kept.sum())
         return kept
 
@@ -414,176 +475,304 @@ class StaticEngine:
             return [r.max_new_tokens for r in requests]
         return [min(r.max_new_tokens, r.grammar.token_bound) for r in requests]
 
-    def positions(self, sizes: Sequence[int]) -> int:
-        """Pool positions a chunk of requests with these segment sizes needs: the segments, then
-        one scratch position per row of its bucket (and one more for the bucket's last start)."""
-        return sum(sizes) + bucket(len(sizes), self.min_batch) + 1
-
-    def chunks(self, requests: Sequence[GenerationRequest]) -> list[int]:
-        """Consecutive chunk sizes whose positions fit the pool's budget."""
-        budget = self.budget_positions()
-        sizes = [len(r.prompt_ids) + c for r, c in zip(requests, self._caps(requests), strict=True)]
-        if budget is None:
-            return [len(requests)]
-        out, chunk = [], []
-        for size in sizes:
-            if self.positions([size]) > budget:
-                raise RuntimeError(
-                    f"one request needs {self.positions([size])} key/value positions "
-                    f"({self.positions([size]) * self.position_bytes} bytes with its scratch rows), "
-                    f"past the engine's cache_bytes ({self.cache_bytes})"
-                )
-            if chunk and self.positions([*chunk, size]) > budget:
-                out.append(len(chunk))
-                chunk = []
-            chunk.append(size)
-        out.append(len(chunk))
-        return out
+    def segment_size(self, request: GenerationRequest) -> int:
+        """Pool positions a request's segment takes: its prompt and its token cap."""
+        return len(request.prompt_ids) + self._caps([request])[0]
 
     @torch.no_grad()
     def generate(
         self, requests: Sequence[GenerationRequest], on_finish: OnFinish | None = None
     ) -> list[Generation]:
-        if not requests:
-            return []
+        """Every request's generation, in request order (`serve` over a fixed list)."""
+        feed = ListFeed(requests, on_finish)
+        self.serve(feed)
+        return feed.outs
+
+    @torch.no_grad()
+    def serve(self, feed: Feed) -> None:
+        """Generate what `feed` brings until it has no more, with continuous batching: a request
+        that arrives while rows generate joins them at a step's boundary (after its prompt's
+        prefill), and a row that ends leaves its place to the next."""
         state = self._model_state()
         if state != self._state:  # adapters switched on or off: graphs and kept keys are stale
             self._drop_graphs()
-            self._kept = {}
+            for key in list(self._kept):
+                self._forget(key)
             self._state = state
         self._clock = dict.fromkeys(
-            ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s"), 0.0
-        ) | dict.fromkeys(("steps", "shrinks", "graphs", "prefill_tokens", "reused_tokens"), 0)
-        outs, start = [], 0
-        sizes = self.chunks(requests)
-        if len(sizes) > 1:  # a chunk's segments overwrite the positions a later chunk would reuse
-            self._kept = {}
-        with self.pool_attention(), liger_rope(self.model):  # Liger's RoPE where the model has Liger
-            for n in sizes:
-                done = None if on_finish is None else (lambda i, g, at=start: on_finish(at + i, g))
-                outs += self._generate_chunk(requests[start : start + n], done)
-                start += n
-        self.last_timing = self._clock | {"chunks": len(sizes)}
-        return outs
+            ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s", "idle_s"), 0.0
+        ) | dict.fromkeys(
+            (
+                "steps",
+                "rows",
+                "admissions",
+                "shrinks",
+                "graphs",
+                "pool_grows",
+                "evicted",
+                "prefill_tokens",
+                "reused_tokens",
+            ),
+            0,
+        )
+        try:
+            with self.pool_attention(), liger_rope(self.model):  # Liger's RoPE where the model has it
+                _Run(self, feed).run()
+        finally:
+            self.last_timing = dict(self._clock)
 
-    def _generate_chunk(
-        self, requests: Sequence[GenerationRequest], on_finish: OnFinish | None
-    ) -> list[Generation]:
-        n, clock, dev = len(requests), self._clock, self.device
-        caps = self._caps(requests)
-        lengths = np.array([len(r.prompt_ids) for r in requests], dtype=np.int64)  # keys held per request
-        starts = np.concatenate([[0], np.cumsum(lengths + np.array(caps))]).astype(np.int64)
-        rows = bucket(n, self.min_batch)
-        scratch = int(starts[-1])  # bucket row j's scratch position: scratch + j
-        self._ensure_pool(self.positions(list(lengths + np.array(caps))))
-        t = time.perf_counter()
-        kept = self._reuse(requests, starts)
-        first = self._prefill([r.prompt_ids for r in requests], starts, kept)
-        rb = self._rows(rows)
-        rb.logits[:n] = first
-        rb.logits[n:] = 0.0
-        clock["prefill_s"] += time.perf_counter() - t
 
-        outs = [Generation() for _ in requests]
-        matchers = [xgr.GrammarMatcher(r.grammar.grammar) for r in requests]
-        seeds = np.array([seed_key(r.seed) for r in requests], dtype=np.int64)
-        active = list(range(n))
-        row_of = list(range(n))  # request -> its row in the bucket (rows move when the batch shrinks)
-        rb.bitmask.fill_(-1)
-        pin = dev.type == "cuda"
-        copied = torch.cuda.Event() if pin else None
-        cap = max(caps)
-        step = 0
-        while active:
-            smaller = bucket(len(active), self.min_batch)
-            if self.shrink and smaller < rb.rows:
-                # Only the live rows' logits move: their keys stay where they are in the pool.
-                index = torch.tensor([row_of[i] for i in active], device=dev)
-                small = self._rows(smaller)
-                small.logits[: len(active)] = rb.logits.index_select(0, index)
-                small.logits[len(active) :] = 0.0
-                rb = small
-                for k, i in enumerate(active):
-                    row_of[i] = k
-                rb.bitmask.fill_(-1)
-                clock["shrinks"] += 1
-            t0 = time.perf_counter()
-            live = np.array([row_of[i] for i in active])
-            if self.constrained:  # the masks for this step; the forward that made the logits ran meanwhile
-                self.batch_matcher.batch_fill_next_token_bitmask(
-                    [matchers[i] for i in active], rb.bitmask, indices=live.tolist()
-                )
-                rb.bitmask_dev.copy_(rb.bitmask, non_blocking=pin)
-            mask_s = time.perf_counter() - t0
-            clock["fill_s"] += mask_s
-            for i in active:  # scripted boundary cases only
-                if requests[i].bias is not None and (b := requests[i].bias(outs[i].token_ids)) is not None:
-                    rb.logits[row_of[i]] += b[: self.vocab_size].to(dev)
-            # This step's sampling keys, and where the tokens it picks go in the pool when fed.
-            h, own = rb.meta_host.numpy(), np.asarray(active)
-            h[:] = 0
-            h[WRITE] = h[START] = scratch + np.arange(rb.rows + 1)  # finished and padding rows
-            h[USED] = 1
-            h[POS, live] = lengths[own]
-            h[WRITE, live] = starts[own] + lengths[own]
-            h[START, live] = starts[own]
-            h[USED, live] = lengths[own] + 1
-            h[KEY, live] = step_keys(seeds[own], step)
-            rb.meta.copy_(rb.meta_host, non_blocking=pin)
-            self._run(rb, self._pick_into)
-            for k, v in rb.out_host.items():
-                v.copy_(getattr(rb, k), non_blocking=pin)
-            if pin:
-                copied.record()
-            # The next forward goes in the queue before the CPU waits for this step's tokens.
-            fed = step + 1 < cap
-            if fed:
-                self._run(rb, self._decode)
-            t1 = time.perf_counter()
-            if pin:
-                copied.synchronize()
-            t2 = time.perf_counter()
-            clock["launch_s"] += t1 - t0 - mask_s
-            clock["wait_s"] += t2 - t1
+class _Run:
+    """One `serve`: the rows of the current bucket, the requests waiting to join, the steps."""
 
-            toks, lps, flags = (rb.out_host[k].tolist() for k in ("tok", "lp", "sampled"))
-            if self.constrained:
-                accepted = self.batch_matcher.batch_accept_token(
-                    [matchers[i] for i in active], [toks[row_of[i]] for i in active]
-                )
-                if not all(accepted):
-                    i = active[accepted.index(False)]
+    def __init__(self, engine: StaticEngine, feed: Feed):
+        self.e, self.feed = engine, feed
+        self.rb: Rows | None = None
+        self.live: list[_Live | None] = []  # per row of the bucket
+        self.waiting: deque[tuple[object, GenerationRequest, int]] = deque()  # (tag, request, since)
+        self.more = True
+        self.step = 0
+
+    @property
+    def active(self) -> list[int]:
+        return [j for j, row in enumerate(self.live) if row is not None]
+
+    def run(self) -> None:
+        e = self.e
+        while True:
+            rows = self.active
+            arrivals = self.feed.poll()
+            if not rows and not self.waiting and not arrivals.requests and arrivals.more:
+                t = time.perf_counter()  # nothing to generate until the feed brings more
+                arrivals = self.feed.poll(block=True)
+                e._clock["idle_s"] += time.perf_counter() - t
+            self.arrive(arrivals)
+            if not rows and not self.waiting:
+                if not self.more:
+                    return
+                continue
+            if self.waiting and len(rows) < e.max_rows and self.admit_now(len(rows)):
+                self.admit()
+                rows = self.active
+                if not rows:  # nothing generates, so nothing will give positions back
+                    tag, request, _ = self.waiting[0]
                     raise RuntimeError(
-                        f"grammar rejected token {toks[row_of[i]]} it had allowed (row {i}, step {step})"
+                        f"request {tag!r} needs {e.segment_size(request)} key/value positions; the "
+                        f"pool holds {e.pool.positions} (cache_bytes {e.cache_bytes}), "
+                        f"{e.segments.largest} of them free in one run"
                     )
+            if not rows:
+                continue
+            if e.shrink and (small := bucket(len(rows), e.min_batch)) < self.rb.rows:
+                self.rebucket(small)
+                e._clock["shrinks"] += 1
+            self.decode_step()
+
+    def arrive(self, arrivals) -> None:
+        e = self.e
+        for key in arrivals.ended:
+            e._forget(key)
+        budget = e.budget_positions()
+        for tag, request in arrivals.requests:
+            size = e.segment_size(request)
+            if budget is not None and size + e.max_rows + 1 > budget:
+                need = size + e.max_rows + 1
+                raise RuntimeError(
+                    f"one request needs {need} key/value positions ({need * e.position_bytes} bytes "
+                    f"with the scratch rows), past the engine's cache_bytes ({e.cache_bytes})"
+                )
+            self.waiting.append((tag, request, self.step))
+        self.more = arrivals.more
+
+    def admit_now(self, rows: int) -> bool:
+        """Whether the waiting requests join now (a prefill) or gather a while longer."""
+        e = self.e
+        return (
+            not rows
+            or len(self.waiting) >= e.admit_share * rows
+            or self.step - self.waiting[0][2] >= e.admit_wait
+        )
+
+    def admit(self) -> None:
+        """As many waiting requests as rows and positions allow, oldest first: segments placed,
+        kept keys reused, the prompts prefilled, and their first logits in rows of the bucket."""
+        e = self.e
+        t = time.perf_counter()
+        if e.pool is None:
+            e._new_pool(sum(e.segment_size(r) for _, r, _ in self.waiting))
+        want = sum(e.segment_size(r) for _, r, _ in self.waiting)
+        room = e.max_rows - len(self.active)
+        picked, keep = [], {r.cache_key for _, r, _ in self.waiting if r.cache_key is not None}
+        while self.waiting and len(picked) < room:
+            tag, request, _ = self.waiting[0]
+            size = e.segment_size(request)
+            start = e._place(size, want, keep)
+            if start is None and not picked and not self.active:
+                start = e._place(size, want, set())  # nothing else will give positions back
+            if start is None:
+                break
+            self.waiting.popleft()
+            picked.append((tag, request, start, size))
+            want -= size
+        if not picked:
+            return
+        requests = [r for _, r, _, _ in picked]
+        starts = np.array([start for _, _, start, _ in picked], dtype=np.int64)
+        kept = e._reuse(requests, starts)
+        first = e._prefill([r.prompt_ids for r in requests], starts, kept)
+        rows = len(self.active) + len(picked)
+        if self.rb is None or rows > self.rb.rows:
+            self.rebucket(bucket(rows, e.min_batch))
+        free = [j for j, row in enumerate(self.live) if row is None][: len(picked)]
+        index = torch.tensor(free, device=e.device)
+        self.rb.logits.index_copy_(0, index, first)
+        caps = e._caps(requests)
+        for j, (tag, request, start, size), cap in zip(free, picked, caps, strict=True):
+            self.live[j] = _Live(
+                tag=tag,
+                request=request,
+                gen=Generation(),
+                matcher=xgr.GrammarMatcher(request.grammar.grammar),
+                key=seed_key(request.seed),
+                cap=cap,
+                start=start,
+                size=size,
+                length=len(request.prompt_ids),
+            )
+        share = (time.perf_counter() - t) / len(picked)
+        for j in free:
+            self.live[j].gen.engine_s += share
+        e._clock["admissions"] += 1
+        e._clock["prefill_s"] += time.perf_counter() - t
+
+    def rebucket(self, rows: int) -> None:
+        """Move the live rows to the front of a bucket of `rows`: only their logits move (their
+        keys stay where they are in the pool)."""
+        e, old = self.e, self.rb
+        rb = e._rows(rows)
+        live = [row for row in self.live if row is not None]
+        if old is not None and live:
+            index = torch.tensor(self.active, device=e.device)
+            rb.logits[: len(live)] = old.logits.index_select(0, index)
+        rb.logits[len(live) :] = 0.0
+        rb.bitmask.fill_(-1)
+        self.rb, self.live = rb, live + [None] * (rows - len(live))
+
+    def decode_step(self) -> None:
+        """One token for every live row: masks, the pick and the next forward (both replayed
+        graphs on a GPU), the tokens accepted, and the rows that end handed to the feed."""
+        e, rb, clock = self.e, self.rb, self.e._clock
+        pin = e.device.type == "cuda"
+        rows = self.active
+        lives = [self.live[j] for j in rows]
+        t0 = time.perf_counter()
+        if e.constrained:  # the masks for this step; the forward that made the logits ran meanwhile
+            e.batch_matcher.batch_fill_next_token_bitmask(
+                [row.matcher for row in lives], rb.bitmask, indices=rows
+            )
+            rb.bitmask_dev.copy_(rb.bitmask, non_blocking=pin)
+        mask_s = time.perf_counter() - t0
+        clock["fill_s"] += mask_s
+        for j, row in zip(rows, lives, strict=True):  # scripted boundary cases only
+            if row.request.bias is not None and (b := row.request.bias(row.gen.token_ids)) is not None:
+                rb.logits[j] += b[: e.vocab_size].to(e.device)
+        # This step's sampling keys (a row's own token count), and where the tokens go when fed.
+        at = np.asarray(rows)
+        starts = np.array([row.start for row in lives], dtype=np.int64)
+        lengths = np.array([row.length for row in lives], dtype=np.int64)
+        counts = np.array([len(row.gen.token_ids) for row in lives], dtype=np.int64)
+        h = rb.meta_host.numpy()
+        h[:] = 0
+        h[WRITE] = h[START] = e._scratch + np.arange(rb.rows + 1)  # empty and padding rows
+        h[USED] = 1
+        h[POS, at] = lengths
+        h[WRITE, at] = starts + lengths
+        h[START, at] = starts
+        h[USED, at] = lengths + 1
+        h[KEY, at] = step_keys(np.array([row.key for row in lives], dtype=np.int64), counts)
+        rb.meta.copy_(rb.meta_host, non_blocking=pin)
+        e._run(rb, e._pick_into)
+        for k, v in rb.out_host.items():
+            v.copy_(getattr(rb, k), non_blocking=pin)
+        if pin:
+            copied = torch.cuda.Event()
+            copied.record()
+        # The next forward goes in the queue before the CPU waits for this step's tokens; it is
+        # not needed when every row takes its last token now.
+        fed = any(len(row.gen.token_ids) + 1 < row.cap for row in lives)
+        if fed:
+            e._run(rb, e._decode)
+        t1 = time.perf_counter()
+        if pin:
+            copied.synchronize()
+        t2 = time.perf_counter()
+        clock["launch_s"] += t1 - t0 - mask_s
+        clock["wait_s"] += t2 - t1
+
+        toks, lps, flags = (rb.out_host[k].tolist() for k in ("tok", "lp", "sampled"))
+        if e.constrained:
+            accepted = e.batch_matcher.batch_accept_token(
+                [row.matcher for row in lives], [toks[j] for j in rows]
+            )
+            if not all(accepted):
+                j = rows[accepted.index(False)]
+                raise RuntimeError(
+                    f"grammar rejected token {toks[j]} it had allowed "
+                    f"(request {self.live[j].tag!r}, token {len(self.live[j].gen.token_ids)})"
+                )
+        ended = []
+        for j, row in zip(rows, lives, strict=True):
+            g, tok = row.gen, toks[j]
+            g.mask_s += mask_s / len(rows)
+            g.token_ids.append(tok)
+            g.logprobs.append(lps[j])
+            g.sampled.append(int(flags[j]))
             if fed:
-                lengths[own] += 1  # the token just fed holds its keys now
-            still = []
-            for i in active:
-                g, r = outs[i], row_of[i]
-                tok = toks[r]
-                g.mask_s += mask_s / len(active)
-                g.token_ids.append(tok)
-                g.logprobs.append(lps[r])
-                g.sampled.append(int(flags[r]))
-                if tok in self.stop_token_ids and (not self.constrained or matchers[i].is_terminated()):
-                    g.finish_reason = "stop"
-                elif len(g.token_ids) >= caps[i]:
-                    g.finish_reason = "length"
-                else:
-                    still.append(i)
-                    continue
-                rb.bitmask[r] = -1  # a finished row: anything goes; its tokens are never read
-                if on_finish is not None:
-                    on_finish(i, g)
-            active = still
-            step += 1
-            clock["host_s"] += time.perf_counter() - t2
-        clock["steps"] += step
-        # What the pool now holds, for a next call that continues these conversations.
-        self._kept = {
-            r.cache_key: ((r.prompt_ids + g.token_ids)[: lengths[i]], int(starts[i]))
-            for i, (r, g) in enumerate(zip(requests, outs, strict=True))
-            if r.cache_key is not None
-        }
-        return outs
+                row.length += 1  # the token just fed holds its keys now
+            if tok in e.stop_token_ids and (not e.constrained or row.matcher.is_terminated()):
+                g.finish_reason = "stop"
+            elif len(g.token_ids) >= row.cap:
+                g.finish_reason = "length"
+            else:
+                continue
+            ended.append(j)
+        self.step += 1
+        clock["steps"] += 1
+        clock["rows"] += len(rows)
+        share = (time.perf_counter() - t0) / len(rows)
+        for row in lives:
+            row.gen.engine_s += share
+        for j in ended:
+            self.end(j)
+        clock["host_s"] += time.perf_counter() - t2
+
+    def end(self, j: int) -> None:
+        """Row j is done: what its conversation may continue from stays in the pool (the rest of
+        its segment is given back), and the generation goes to the feed."""
+        e, row = self.e, self.live[j]
+        self.live[j] = None
+        self.rb.bitmask[j] = -1  # an empty row: anything goes; its tokens are never read
+        key = row.request.cache_key
+        held = row.length - len(row.request.prompt_ids)  # generated tokens whose keys are held
+        if key is not None:
+            e._forget(key)
+            e._kept[key] = ((row.request.prompt_ids + row.gen.token_ids[:held]), row.start)
+            e.segments.give(row.start + row.length, row.size - row.length)
+        else:
+            e.segments.give(row.start, row.size)
+        self.feed.finished(row.tag, row.gen)
+
+
+@dataclass
+class _Live:
+    """A request generating in a row of the bucket."""
+
+    tag: object
+    request: GenerationRequest
+    gen: Generation
+    matcher: object  # its xgrammar GrammarMatcher
+    key: int  # seed_key(request.seed)
+    cap: int  # tokens it may generate
+    start: int  # its segment: [start, start + size) of the pool
+    size: int
+    length: int  # positions of its segment holding keys

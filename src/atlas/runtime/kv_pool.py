@@ -153,3 +153,61 @@ def register() -> None:
 
     AttentionInterface.register(POOL_ATTENTION, pool_attention)
     AttentionMaskInterface.register(POOL_ATTENTION, _no_mask)
+
+
+class Segments:
+    """Which positions of a pool are free: first-fit allocation of contiguous runs, a freed run
+    merged with its free neighbours. The engine places each request's segment here, and gives
+    back what a finished row no longer needs (the tail its generation did not fill)."""
+
+    def __init__(self, positions: int):
+        self.positions = positions
+        self.free: list[list[int]] = [[0, positions]] if positions else []  # [start, size], by start
+
+    def take(self, size: int) -> int | None:
+        """The start of `size` free positions (the first run that holds them), or None."""
+        for run in self.free:
+            if run[1] >= size:
+                start = run[0]
+                run[0] += size
+                run[1] -= size
+                if not run[1]:
+                    self.free.remove(run)
+                return start
+        return None
+
+    def give(self, start: int, size: int) -> None:
+        """Positions [start, start + size) are free again."""
+        if size <= 0:
+            return
+        if start < 0 or start + size > self.positions:
+            raise ValueError(f"positions [{start}, {start + size}) lie outside a pool of {self.positions}")
+        i = 0
+        while i < len(self.free) and self.free[i][0] < start:
+            i += 1
+        before = self.free[i - 1] if i else None
+        after = self.free[i] if i < len(self.free) else None
+        if (before and before[0] + before[1] > start) or (after and start + size > after[0]):
+            raise ValueError(f"positions [{start}, {start + size}) are already free in part")
+        if before and before[0] + before[1] == start:
+            before[1] += size
+            if after and before[0] + before[1] == after[0]:
+                before[1] += after[1]
+                self.free.remove(after)
+        elif after and start + size == after[0]:
+            after[0], after[1] = start, after[1] + size
+        else:
+            self.free.insert(i, [start, size])
+
+    def grow(self, positions: int) -> None:
+        """The pool now has `positions`; the new ones are free."""
+        old, self.positions = self.positions, positions
+        self.give(old, positions - old)
+
+    @property
+    def largest(self) -> int:
+        return max((size for _, size in self.free), default=0)
+
+    @property
+    def free_positions(self) -> int:
+        return sum(size for _, size in self.free)
