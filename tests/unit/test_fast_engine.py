@@ -15,7 +15,7 @@ from atlas.config import RuntimeConfig
 from atlas.runtime import kv_pool
 from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.fast_engine import StaticEngine, bucket, pool_positions
-from atlas.runtime.kv_pool import KVPool, Layout, pool_attention
+from atlas.runtime.kv_pool import KVPool, Layout, Segments, pool_attention
 from atlas.runtime.sampling import M32, gumbel, keys_for, row_key, sample, top_p_keep, uniform
 from atlas.runtime.session import load_runtime
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
@@ -65,6 +65,25 @@ def test_buckets_and_pool_sizes():
     # a quarter more than asked, rounded up to an eighth of the power of two above
     assert [pool_positions(n) for n in (10, 1000, 340_000)] == [64, 1280, 458_752]
     assert all(pool_positions(n) >= n + n // 4 for n in range(1, 5000, 7))
+
+
+def test_segments_place_first_fit_and_merge_what_is_given_back():
+    seg = Segments(100)
+    a, b, c = seg.take(30), seg.take(30), seg.take(30)
+    assert (a, b, c) == (0, 30, 60) and seg.free == [[90, 10]]
+    assert seg.take(11) is None  # 10 free, in one run
+    seg.give(b, 30)
+    assert seg.take(31) is None and seg.largest == 30  # 40 free, but not in one run
+    seg.give(a + 10, 20)  # the tail of a: merged with b's run
+    assert seg.free == [[10, 50], [90, 10]] and seg.take(45) == 10
+    seg.give(c, 30)  # merged with the runs before and after it
+    assert seg.free == [[55, 45]]
+    seg.grow(150)
+    assert seg.free == [[55, 95]] and seg.free_positions == 95
+    with pytest.raises(ValueError, match=r"positions \[60, 70\) are already free"):
+        seg.give(60, 10)
+    with pytest.raises(ValueError, match="outside a pool of 150"):
+        seg.give(140, 20)
 
 
 @pytest.fixture(scope="module")
@@ -353,8 +372,9 @@ def test_a_next_turn_reuses_the_keys_its_conversation_left(runtime):
 
 
 def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_dir):
-    """The episode loop (tools started as rows finish, the next turn reusing a conversation's
-    keys) through the eager StaticEngine gives the HF engine's episodes and records."""
+    """The episode loop through the eager StaticEngine, continuously batched (a next turn joins
+    the running rows when its tool returns, and reuses its conversation's keys), gives the HF
+    engine's episodes and records, whose engine runs each turn as one batch."""
     from atlas.runtime.episode import EpisodeSpec, run_episodes
     from atlas.runtime.inputs import read_questions, read_tests
     from unit.test_runtime import GRADERS as graders
@@ -366,20 +386,15 @@ def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_d
         q for q in questions if q["source"] == "lcb"
     ][:2]
     specs = [EpisodeSpec(q, tests.get(q["question_uid"], []), k) for q in picked for k in range(2)]
-    fast_rt = replace(runtime, engine=eager_static_engine(runtime))
-    reused = []
-    generate = fast_rt.engine.generate
-
-    def clocked(requests, on_finish=None):
-        out = generate(requests, on_finish=on_finish)
-        reused.append(fast_rt.engine.last_timing["reused_tokens"])
-        return out
-
-    fast_rt.engine.generate = clocked
+    fast = eager_static_engine(runtime, admit_wait=0)  # every arrival joins at the next step
+    fast_rt = replace(runtime, engine=fast)
     a, b = (
         run_episodes(r, specs, cfg, graders, run="t", step=0, phase="val", seed=3) for r in (runtime, fast_rt)
     )
-    assert len(reused) >= 2 and reused[0] == 0 and all(n > 0 for n in reused[1:])
+    later = sum(len(ep.records) for ep in b) - len(b)  # generations after an episode's first
+    assert later > 0 and fast.last_timing["admissions"] > 1
+    assert fast.last_timing["reused_tokens"] > 0
+    assert fast._kept == {}  # an ended episode's keys are given back
     for x, y in zip(a, b, strict=True):
         assert x.token_ids == y.token_ids and x.sampled == y.sampled and x.end_reason == y.end_reason
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
@@ -401,3 +416,82 @@ def test_a_runtime_on_a_gpu_generates_with_the_static_engine(runtime):
     assert [g.token_ids for g in fast.generate(requests)] == [
         g.token_ids for g in runtime.engine.generate(requests)
     ]
+
+
+class FollowUps:
+    """A feed: the given requests, and for each that ends a follow-up made from it (its prompt,
+    its generation and a tool response), handed out at the next poll, once."""
+
+    def __init__(self, rt, requests, follow_max_new=1000):
+        self.rt, self.ready, self.follow_max_new = rt, list(enumerate(requests)), follow_max_new
+        self.requests = dict(enumerate(requests))
+        self.order, self.outs = [], {}
+
+    def poll(self, block=False, settle=False):
+        from atlas.runtime.engine import Arrivals
+
+        ready, self.ready = self.ready, []
+        return Arrivals(ready, [], more=len(self.outs) < 2 * len([t for t in self.requests if t < 100]))
+
+    def finished(self, tag, gen):
+        self.order.append(tag)
+        self.outs[tag] = gen
+        if tag < 100:  # a first request: its follow-up continues the conversation
+            r = self.requests[tag]
+            follow = GenerationRequest(
+                r.prompt_ids + gen.token_ids + self.rt.tool_response_ids(f"result {tag}"),
+                r.grammar,
+                self.follow_max_new,
+                r.seed + 1,
+                cache_key=r.cache_key,
+            )
+            self.requests[100 + tag] = follow
+            self.ready.append((100 + tag, follow))
+
+
+def test_a_follow_up_joins_the_running_rows_and_equals_a_batch_of_its_own(runtime):
+    """Continuous batching: a request that arrives while other rows generate joins them at the
+    next step (its prompt prefilled, its conversation's keys reused) and ends before the longest
+    first request does; every generation equals the HF engine's of the same request alone."""
+    base = requests_for(runtime, 4)
+    first = [
+        GenerationRequest(r.prompt_ids, r.grammar, n, r.seed, cache_key=object())
+        for r, n in zip(base, (4, 6, 1000, 1000), strict=True)
+    ]
+    fast = eager_static_engine(runtime, min_batch=1, admit_wait=0)
+    feed = FollowUps(runtime, first, follow_max_new=5)
+    fast.serve(feed)
+    long_ = max((2, 3), key=lambda t: len(feed.outs[t].token_ids))
+    assert len(feed.outs[long_].token_ids) > 6 + 5  # long enough to outlive both follow-ups
+    assert feed.order.index(100) < feed.order.index(long_)  # joined while the long rows ran
+    assert feed.order.index(101) < feed.order.index(long_)
+    assert fast.last_timing["admissions"] >= 2
+    assert fast.last_timing["reused_tokens"] > 0
+    # the steps overlapped: fewer than the rows' tokens run one after another
+    assert fast.last_timing["steps"] < len(feed.outs[long_].token_ids) + 2 * 5
+    hf = runtime.engine
+    for tag, gen in feed.outs.items():
+        alone = hf.generate([feed.requests[tag]])[0]
+        assert_same_rows([alone], [gen])
+
+
+def test_kept_keys_are_evicted_when_the_pool_is_full_and_tokens_stay_the_same(runtime):
+    """A budget that holds the running rows but not every conversation's kept keys: the oldest
+    kept keys are evicted for a new request (it then computes its whole prompt), with the same
+    tokens."""
+    base = requests_for(runtime, 4)
+    first = [GenerationRequest(r.prompt_ids, r.grammar, 3, r.seed, cache_key=object()) for r in base]
+    probe = eager_static_engine(runtime, min_batch=1, max_rows=4)
+    roomy = FollowUps(runtime, first, follow_max_new=3)
+    probe.serve(roomy)
+    assert probe.last_timing["evicted"] == 0
+    follow = min(probe.segment_size(roomy.requests[100 + t]) for t in range(4))
+    kept = sum(len(r.prompt_ids) + 2 for r in first)  # each first request keeps prompt + 2 fed tokens
+    budget = follow + kept - 1 + probe.max_rows + 1  # no follow-up fits until kept keys go
+    fast = eager_static_engine(runtime, min_batch=1, max_rows=4, cache_bytes=budget * probe.position_bytes)
+    tight = FollowUps(runtime, first, follow_max_new=3)
+    fast.serve(tight)
+    assert fast.last_timing["evicted"] > 0
+    assert fast.last_timing["reused_tokens"] < probe.last_timing["reused_tokens"]
+    for tag in roomy.outs:
+        assert_same_rows([roomy.outs[tag]], [tight.outs[tag]])

@@ -16,6 +16,7 @@ only `submit` is offered, so an episode ends with a submission unless its budget
 from __future__ import annotations
 
 import hashlib
+import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from typing import Any
 from atlas.config import GraderConfig, RuntimeConfig
 from atlas.data.schema import TestCase
 from atlas.hashing import canonical_json, sha256_bytes
-from atlas.runtime.engine import Generation, GenerationRequest
+from atlas.runtime.engine import Arrivals, Generation, GenerationRequest
 from atlas.runtime.execute import ToolResult, execute_call
 from atlas.runtime.protocol import parse_call
 from atlas.runtime.records import ExecutionRecord
@@ -177,6 +178,122 @@ def run_tool(
     return result, time.perf_counter() - t
 
 
+class EpisodeFeed:
+    """The episodes as a feed for an engine (atlas.runtime.engine.Feed): each episode's next turn
+    is a request once its last turn's tool has returned.
+
+    A generation that ends is parsed and its tool started in the graders' pool at once
+    (`finished`, in the engine's thread). `poll`, also in the engine's thread, records the turns
+    whose tools returned and makes their episodes' next requests, or ends them; so an episode is
+    only ever changed by the engine's thread, one turn at a time."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        episodes: list[Episode],
+        cfg: RuntimeConfig,
+        graders: GraderConfig,
+        pool: ThreadPoolExecutor,
+        where: dict,
+        progress: Callable[[str], None] | None = None,
+    ):
+        self.rt, self.episodes, self.cfg, self.graders, self.pool = rt, episodes, cfg, graders, pool
+        self.where, self.progress = where, progress
+        # One key per episode: an engine may keep a turn's keys and values for the episode's next turn.
+        self.keys = [object() for _ in episodes]
+        self.offered: list[dict[str, Tool] | None] = [None] * len(episodes)
+        self.ready: list[tuple[int, GenerationRequest]] = []
+        self.ended: list[object] = []
+        self.returned: queue.SimpleQueue = queue.SimpleQueue()  # (episode, generation, call, future)
+        self.in_flight = 0  # tool calls running
+        self.open = len(episodes)  # episodes not yet ended
+        self.generations = 0
+        self._reported = 0
+        for i in range(len(episodes)):
+            self._next_turn(i)
+
+    def _next_turn(self, i: int) -> None:
+        """Episode i's request for its next turn, or its end."""
+        ep, cfg, turn = self.episodes[i], self.cfg, len(self.episodes[i].generations)
+        offered = begin_turn(ep, self.rt, turn, cfg) if turn < cfg.max_turns else None
+        if offered is None:
+            if not ep.done:  # only when a call on the submit-only turn could not be executed
+                ep.end_reason = "turn_limit"
+            self._end(i)
+            return
+        self.offered[i] = offered
+        steer = self.rt.steer(ep.script[turn]) if ep.script and turn < len(ep.script) else None
+        self.ready.append(
+            (
+                i,
+                GenerationRequest(
+                    list(ep.token_ids),  # a copy: the episode grows when the row finishes
+                    self.rt.grammars.get(offered),
+                    cfg.max_generation_tokens,
+                    episode_seed(
+                        self.where["seed"],
+                        self.where["run"],
+                        self.where["step"],
+                        ep.question["question_uid"],
+                        ep.sample,
+                        turn,
+                    ),
+                    steer,
+                    cache_key=self.keys[i],
+                ),
+            )
+        )
+
+    def _end(self, i: int) -> None:
+        self.open -= 1
+        self.ended.append(self.keys[i])
+        done = len(self.episodes) - self.open
+        if self.progress is not None and (
+            done * 4 // len(self.episodes) > self._reported or done == len(self.episodes)
+        ):
+            self._reported = done * 4 // len(self.episodes)
+            self.progress(f"{done}/{len(self.episodes)} episodes done, {self.generations} generations")
+
+    def finished(self, i: int, gen: Generation) -> None:
+        """Episode i's generation ended: parse its call and start its tool."""
+        ep, offered = self.episodes[i], self.offered[i]
+        call = take_generation(ep, self.rt, gen, offered)
+        future = self.pool.submit(run_tool, ep, offered, call, self.graders, self.cfg)
+        self.in_flight += 1
+        self.generations += 1
+        future.add_done_callback(lambda f: self.returned.put((i, gen, call, f)))
+
+    def _returned(self, i: int, gen: Generation, call, future) -> None:
+        """Episode i's tool returned: record the turn, then its next request or its end."""
+        self.in_flight -= 1
+        ep = self.episodes[i]
+        result, tool_s = future.result()
+        turn = len(ep.generations) - 1
+        record_turn(ep, self.rt, gen, call[0], result, self.cfg, turn=turn, **self.where_record)
+        # Generation time is the engine's, shared among the rows it worked on; tool time the call's own.
+        ep.records[-1].timing_s_generate, ep.records[-1].timing_s_tool = gen.engine_s, tool_s
+        if ep.done:
+            self._end(i)
+        else:
+            self._next_turn(i)
+
+    @property
+    def where_record(self) -> dict:
+        return {k: self.where[k] for k in ("run", "step", "phase")}
+
+    def poll(self, block: bool = False, settle: bool = False) -> Arrivals:
+        while True:
+            wait = self.in_flight and (settle or (block and not self.ready))
+            try:
+                item = self.returned.get(block=bool(wait))
+            except queue.Empty:
+                break
+            self._returned(*item)
+        arrivals = Arrivals(self.ready, self.ended, self.open > 0)
+        self.ready, self.ended = [], []
+        return arrivals
+
+
 def run_episodes(
     rt: Runtime,
     specs: list[EpisodeSpec],
@@ -189,65 +306,25 @@ def run_episodes(
     seed: int,
     progress: Callable[[str], None] | None = None,
 ) -> list[Episode]:
-    """Run every episode to its end, one turn of all live episodes at a time; a generation's tool
-    call runs in the graders' pool as soon as that generation ends. `progress` gets one line per
-    turn. (The verl agent loop, atlas.verl.agent_loop, runs one episode with the
+    """Run every episode to its end. The engine serves the episodes as a feed (EpisodeFeed): an
+    episode's generation ends, its call runs in the graders' pool, and its next turn's request
+    joins the engine's batch when the tool returns, while other episodes generate (an engine that
+    generates in rounds runs every ready turn together). `progress` gets a line as each quarter
+    of the episodes ends. (The verl agent loop, atlas.verl.agent_loop, runs one episode with the
     same per-turn steps: begin_turn, take_generation, run_tool, record_turn.)"""
     code = CodeBounds.of(cfg)
     episodes = [start_episode(rt, s, code) for s in specs]
-    # One key per episode: an engine may keep a turn's keys and values for the episode's next turn.
-    keys = [object() for _ in episodes]
+    where = {"run": run, "step": step, "phase": phase, "seed": seed}
     pool = ThreadPoolExecutor(max_workers=graders.workers)
     try:
-        for turn in range(cfg.max_turns):
-            requests, batch = [], []
-            for ep, key in [(ep, key) for ep, key in zip(episodes, keys, strict=True) if not ep.done]:
-                offered = begin_turn(ep, rt, turn, cfg)
-                if offered is None:
-                    continue
-                uid = ep.question["question_uid"]
-                steer = rt.steer(ep.script[turn]) if ep.script and turn < len(ep.script) else None
-                requests.append(
-                    GenerationRequest(
-                        list(ep.token_ids),  # a copy: the episode grows when the row finishes
-                        rt.grammars.get(offered),
-                        cfg.max_generation_tokens,
-                        episode_seed(seed, run, step, uid, ep.sample, turn),
-                        steer,
-                        cache_key=key,
-                    )
-                )
-                batch.append((ep, offered))
-            if not batch:
-                break
-            # A row's call is parsed and its tool started the moment its generation ends, so the
-            # tools and graders run while the batch's longer rows still generate.
-            calls, running = [None] * len(batch), [None] * len(batch)
-
-            def finished(i: int, gen: Generation, batch=batch, calls=calls, running=running) -> None:
-                ep, offered = batch[i]
-                calls[i] = take_generation(ep, rt, gen, offered)
-                running[i] = pool.submit(run_tool, ep, offered, calls[i], graders, cfg)
-
-            t0 = time.perf_counter()
-            gens = rt.engine.generate(requests, on_finish=finished)
-            gen_s = (time.perf_counter() - t0) / len(batch)
-            for i, gen in enumerate(gens):
-                if running[i] is None:  # an engine that did not report this row
-                    finished(i, gen)
-            results = [r.result() for r in running]
-            for (ep, _), gen, (parsed, _), (result, tool_s) in zip(batch, gens, calls, results, strict=True):
-                record_turn(ep, rt, gen, parsed, result, cfg, run=run, step=step, phase=phase, turn=turn)
-                # Generation time is the batch's, shared evenly; tool time is the call's own.
-                ep.records[-1].timing_s_generate, ep.records[-1].timing_s_tool = gen_s, tool_s
-            if progress is not None:
-                done = sum(ep.done for ep in episodes)
-                progress(f"turn {turn}: {len(batch)} generations, {done}/{len(episodes)} episodes done")
+        feed = EpisodeFeed(rt, episodes, cfg, graders, pool, where, progress)
+        rt.engine.serve(feed)
+        if feed.open or feed.in_flight:
+            raise RuntimeError(
+                f"the engine stopped with {feed.open} episodes open and {feed.in_flight} tool calls running"
+            )
     finally:
         pool.shutdown(wait=True)
-    for ep in episodes:
-        if not ep.done:  # only when a call on the submit-only turn could not be executed
-            ep.end_reason = "turn_limit"
     return episodes
 
 

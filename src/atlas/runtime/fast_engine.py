@@ -541,12 +541,11 @@ class _Run:
         e = self.e
         while True:
             rows = self.active
-            arrivals = self.feed.poll()
-            if not rows and not self.waiting and not arrivals.requests and arrivals.more:
+            self.arrive(self.feed.poll())
+            if not rows and not self.waiting and self.more:
                 t = time.perf_counter()  # nothing to generate until the feed brings more
-                arrivals = self.feed.poll(block=True)
+                self.arrive(self.feed.poll(block=True))
                 e._clock["idle_s"] += time.perf_counter() - t
-            self.arrive(arrivals)
             if not rows and not self.waiting:
                 if not self.more:
                     return
