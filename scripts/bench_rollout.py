@@ -24,11 +24,14 @@ episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the sc
              actor (atlas.rl.serving.rollout_runtime; `--episode-model base` samples the base).
              First a warm-up as the training stage runs one: validation on
              training.validation_questions x validation_samples. Then `--repeats` rollouts of the
-             step (other seeds). Tokens/s is generated tokens over the rollout's wall seconds:
-             what a training step reports as perf/rollout_tokens_per_s. Each rollout is broken down
-             by turn: the engine call (prefill, graph capture, grammar masks, launches, waits for
-             the GPU, host bookkeeping) and `tools_s`, the turn's seconds after the engine returned
-             (the tools and graders that generation did not hide: a row's tool starts when it ends).
+             step (other seeds) per `--schedules`: `continuous` (the trainer's: a turn joins the
+             engine's running rows when its tool returns) and `rounds` (every ready turn in one
+             batch that runs to its last row; the next once every tool is back). Tokens/s is
+             generated tokens over the rollout's wall seconds: what a training step reports as
+             perf/rollout_tokens_per_s. Each rollout is broken down by the engine's clock: prefill
+             (with the admissions of arrivals), graph capture, grammar masks, launches, waits for
+             the GPU, host bookkeeping, and `idle_s` (no row to generate: every live episode's
+             tool running); with steps, rows per step and admissions.
 
 Prints one table per mode and writes everything as JSON to `--out`.
 """
@@ -36,17 +39,20 @@ Prints one table per mode and writes everything as JSON to `--out`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoTokenizer
 
 from atlas.config import merged, parse_config, read_yaml
+from atlas.runtime.engine import serve_in_rounds
 from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
 from atlas.runtime.rollouts import episode_specs, rollout
 from atlas.runtime.session import load_model, make_runtime
@@ -170,54 +176,59 @@ def generation_mode(args, base, tokenizer, cfg, device, policy) -> dict:
     return dict(new_tokens=args.new, batch=args.questions * args.samples, arms=arms)
 
 
-def timed_rollout(rt, specs, cfg, *, step: int, phase: str, device) -> dict:
-    """One rollout of `specs` through the trainer's episode loop, with each engine call's clock."""
-    calls, marks = [], []
-    generate = rt.engine.generate
+TIMING = ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s", "idle_s")
+COUNTS = ("steps", "rows", "admissions", "shrinks", "graphs", "pool_grows", "evicted")
 
-    def clocked(requests, on_finish=None):
+
+def timed_rollout(rt, specs, cfg, *, step: int, phase: str, device, schedule: str) -> dict:
+    """One rollout of `specs` through the trainer's episode loop, with the engine's clock.
+    schedule `continuous`: the engine's own serve (a turn joins the running rows when its tool
+    returns: what the trainer runs); `rounds`: every ready turn in one batch that runs to its
+    last row, the next once all tools are back (atlas.runtime.engine.serve_in_rounds)."""
+    calls = []
+    engine = rt.engine
+
+    def clocked(requests, on_finish=None):  # a round's engine call
         sync(device)
         t = time.perf_counter()
-        gens = generate(requests, on_finish=on_finish)
+        gens = engine.generate(requests, on_finish=on_finish)
         sync(device)
-        tokens = sum(len(g.token_ids) for g in gens)
-        calls.append({"rows": len(requests), "seconds": time.perf_counter() - t, "tokens": tokens})
-        calls[-1].update(getattr(rt.engine, "last_timing", {}))
-        clock = " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in calls[-1].items())
-        print(f"  {phase} step {step} engine call {len(calls) - 1}: {clock}", file=sys.stderr, flush=True)
+        calls.append({"rows_asked": len(requests), "seconds": time.perf_counter() - t})
+        calls[-1].update(getattr(engine, "last_timing", {}))
         return gens
 
-    rt.engine.generate = clocked
-    try:
+    def serve(feed):
+        if schedule == "rounds":
+            return serve_in_rounds(clocked, feed)
+        sync(device)
         t = time.perf_counter()
-        episodes = rollout(
-            rt,
-            specs,
-            cfg.runtime,
-            cfg.graders,
-            run="bench",
-            step=step,
-            phase=phase,
-            seed=cfg.seed,
-            progress=lambda _: marks.append(time.perf_counter()),
-        )
-        seconds = time.perf_counter() - t
-    finally:
-        rt.engine.generate = generate
-    turns, before = [], t
-    for call, mark in zip(calls, marks, strict=True):  # one engine call per turn
-        turns.append(call | {"turn_s": mark - before, "tools_s": mark - before - call["seconds"]})
-        before = mark
+        engine.serve(feed)
+        sync(device)
+        calls.append({"seconds": time.perf_counter() - t} | getattr(engine, "last_timing", {}))
+
+    # the loop is handed the engine behind a clock (the engine itself is left as it is)
+    clocked_rt = dataclasses.replace(rt, engine=SimpleNamespace(serve=serve, vocab_size=engine.vocab_size))
+    t = time.perf_counter()
+    episodes = rollout(
+        clocked_rt, specs, cfg.runtime, cfg.graders, run="bench", step=step, phase=phase, seed=cfg.seed
+    )
+    seconds = time.perf_counter() - t
     tokens = sum(r.generated_tokens for ep in episodes for r in ep.records)
-    return dict(
+    engine_clock = {k: sum(c.get(k, 0) for c in calls) for k in ("seconds", *TIMING, *COUNTS)}
+    engine_clock["rows_per_step"] = engine_clock["rows"] / max(1, engine_clock["steps"])
+    run = dict(
+        schedule=schedule,
         episodes=len(episodes),
         generations=sum(len(ep.records) for ep in episodes),
         seconds=seconds,
         tokens=tokens,
         tokens_per_s=tokens / seconds,
-        generate_s=sum(c["seconds"] for c in calls),
-        turns=turns,
+        engine=engine_clock,
+        calls=calls,
     )
+    clock = " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in engine_clock.items())
+    print(f"  {phase} step {step} {schedule}: {tokens} tokens in {seconds:.2f} s; {clock}", file=sys.stderr)
+    return run
 
 
 def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
@@ -238,12 +249,19 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
         max_generation_tokens=cfg.runtime.max_generation_tokens,
     )
     specs = episode_specs(val, tests, training.validation_samples)
-    out["warmup"] = timed_rollout(rt, specs, cfg, step=0, phase="val", device=device)
+    out["warmup"] = timed_rollout(rt, specs, cfg, step=0, phase="val", device=device, schedule="continuous")
     specs = episode_specs(questions, tests, training.responses_per_question)
-    out["runs"] = [
-        timed_rollout(rt, specs, cfg, step=k, phase="train", device=device) for k in range(args.repeats)
-    ]
-    out["tokens_per_s"] = statistics.median(r["tokens_per_s"] for r in out["runs"])
+    out["schedules"] = {}
+    for schedule in args.schedules.split(","):
+        runs = [
+            timed_rollout(rt, specs, cfg, step=k, phase="train", device=device, schedule=schedule)
+            for k in range(args.repeats)
+        ]
+        out["schedules"][schedule] = dict(
+            runs=runs, tokens_per_s=statistics.median(r["tokens_per_s"] for r in runs)
+        )
+    first = args.schedules.split(",")[0]
+    out["tokens_per_s"] = out["schedules"][first]["tokens_per_s"]
     return out
 
 
@@ -260,22 +278,20 @@ def print_generation(res: dict) -> None:
 
 def print_episode(res: dict) -> None:
     print(f"episode: {res['questions']} questions x {res['responses']} responses, {res['model']} model")
-    keys = ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s")
     print(
-        f"  {'run':8s} {'turn':>4s} {'rows':>5s} {'tokens':>7s} {'turn_s':>7s} {'engine':>7s} "
-        + " ".join(f"{k:>9s}" for k in keys)
-        + f" {'tools_s':>7s} {'steps':>5s}"
+        f"  {'schedule':10s} {'run':>3s} {'tokens':>7s} {'seconds':>7s} {'tok/s':>7s} {'engine':>7s} "
+        + " ".join(f"{k:>9s}" for k in TIMING)
+        + f" {'steps':>5s} {'rows/step':>9s} {'admits':>6s}"
     )
-    for name, run in [("warmup", res["warmup"])] + [(f"run {k}", r) for k, r in enumerate(res["runs"])]:
-        for t, c in enumerate(run["turns"]):
-            cells = " ".join(f"{c.get(k, float('nan')):9.2f}" for k in keys)
-            print(
-                f"  {name:8s} {t:4d} {c['rows']:5d} {c['tokens']:7d} {c['turn_s']:7.2f} {c['seconds']:7.2f} "
-                f"{cells} {c['tools_s']:7.2f} {c.get('steps', 0):5d}"
-            )
+    runs = [("warmup", 0, res["warmup"])] + [
+        (name, k, r) for name, sched in res["schedules"].items() for k, r in enumerate(sched["runs"])
+    ]
+    for name, k, run in runs:
+        c = run["engine"]
+        cells = " ".join(f"{c[key]:9.2f}" for key in TIMING)
         print(
-            f"  {name:8s} total {run['tokens']} tokens in {run['seconds']:.2f} s: {run['tokens_per_s']:.0f} tok/s "
-            f"({run['generations']} generations, engine {run['generate_s']:.2f} s)"
+            f"  {name:10s} {k:3d} {run['tokens']:7d} {run['seconds']:7.2f} {run['tokens_per_s']:7.0f} "
+            f"{c['seconds']:7.2f} {cells} {c['steps']:5d} {c['rows_per_step']:9.1f} {c['admissions']:6d}"
         )
 
 
@@ -293,6 +309,11 @@ def main() -> None:
     p.add_argument("--modes", default="generation,episode")
     p.add_argument("--arms", default="base,merged")
     p.add_argument("--episode-model", choices=("merged", "base"), default="merged")
+    p.add_argument(
+        "--schedules",
+        default="continuous",
+        help="episode mode: continuous (the trainer's) and/or rounds (every ready turn in one batch)",
+    )
     for name, default in dict(questions=32, samples=8, new=128, repeats=2).items():
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--out", type=Path)

@@ -1,6 +1,6 @@
 """scripts/bench_rollout.py's episode mode times the trainer's own episode loop: its clock wraps
-the engine without changing what the loop hands it (the rows' on_finish reports included), one
-engine call a turn, and its tokens are the records' generated tokens."""
+the engine without changing what the loop hands it, in both schedules (the engine's continuous
+serve, and rounds of one batch a turn), and its counts are the records' own."""
 
 from __future__ import annotations
 
@@ -21,29 +21,33 @@ def bench_module():
     return module
 
 
-def test_the_episode_clock_sees_every_turn_and_passes_the_row_reports_on(tiny_model, data_dir):
+def test_the_episode_clock_counts_the_records_tokens_in_both_schedules(tiny_model, data_dir):
     bench = bench_module()
     cfg = SimpleNamespace(runtime=RUNTIME, graders=GRADERS, seed=0)  # the runtime tests' small episodes
     model, tokenizer = load_model(tiny_model)
     rt = make_runtime(model, tokenizer, RUNTIME, fast=True)  # StaticEngine, eager on a CPU
-    reported = []
-    engine_generate = rt.engine.generate
-
-    def generate(requests, on_finish=None):  # what reaches the engine through the bench's clock
-        reported.append(on_finish is not None)
-        return engine_generate(requests, on_finish=on_finish)
-
-    rt.engine.generate = generate
     questions = read_questions(data_dir / "val.parquet")
     picked = [q for q in questions if q["source"] == "gpqa"][:1] + [
         q for q in questions if q["source"] == "lcb"
     ][:1]
     specs = episode_specs(picked, read_tests(data_dir / "tests.parquet"), 2)
-    run = bench.timed_rollout(rt, specs, cfg, step=0, phase="train", device="cpu")
-    assert rt.engine.generate is generate  # the clock is taken off again
-    assert reported and all(reported)  # every call handed the loop's on_finish to the engine
-    assert run["episodes"] == 4 and len(run["turns"]) == len(reported)
-    assert run["generations"] == sum(t["rows"] for t in run["turns"])
-    assert run["tokens"] == sum(t["tokens"] for t in run["turns"]) > 0
-    assert all(t["turn_s"] >= t["seconds"] > 0 and "prefill_s" in t for t in run["turns"])
-    assert run["tokens_per_s"] == run["tokens"] / run["seconds"]
+    runs = {
+        schedule: bench.timed_rollout(rt, specs, cfg, step=0, phase="train", device="cpu", schedule=schedule)
+        for schedule in ("continuous", "rounds")
+    }
+    assert "serve" not in vars(rt.engine) and "generate" not in vars(rt.engine)  # the engine is untouched
+    cont, rounds = runs["continuous"], runs["rounds"]
+    # the schedule changes when a row runs, not what it generates: same seeds, same episodes
+    assert cont["tokens"] == rounds["tokens"] > 0 and cont["generations"] == rounds["generations"]
+    assert cont["episodes"] == rounds["episodes"] == 4
+    assert cont["generations"] > cont["episodes"]  # some episodes took a second turn
+    for run in runs.values():
+        # every step generates one token for each of its rows
+        assert run["engine"]["rows"] == run["tokens"]
+        assert run["tokens_per_s"] == run["tokens"] / run["seconds"]
+        assert run["seconds"] >= run["engine"]["seconds"] > 0
+    assert len(cont["calls"]) == 1 and cont["engine"]["admissions"] > 1  # one serve, turns joining
+    # rounds: one call a turn, each with every episode still going
+    assert len(rounds["calls"]) >= 2
+    assert sum(c["rows_asked"] for c in rounds["calls"]) == rounds["generations"]
+    assert rounds["calls"][0]["rows_asked"] == 4 and rounds["engine"]["admissions"] == len(rounds["calls"])
