@@ -252,16 +252,26 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
     out["warmup"] = timed_rollout(rt, specs, cfg, step=0, phase="val", device=device, schedule="continuous")
     specs = episode_specs(questions, tests, training.responses_per_question)
     out["schedules"] = {}
+    engine = rt.engine
+    default = (getattr(engine, "admit_share", None), getattr(engine, "admit_wait", None))
     for schedule in args.schedules.split(","):
-        runs = [
-            timed_rollout(rt, specs, cfg, step=k, phase="train", device=device, schedule=schedule)
-            for k in range(args.repeats)
-        ]
-        out["schedules"][schedule] = dict(
-            runs=runs, tokens_per_s=statistics.median(r["tokens_per_s"] for r in runs)
-        )
-    first = args.schedules.split(",")[0]
-    out["tokens_per_s"] = out["schedules"][first]["tokens_per_s"]
+        admits = [default]
+        if schedule == "continuous" and args.admit:
+            admits = [(float(a), int(b)) for a, b in (x.split(":") for x in args.admit.split(","))]
+        for share, wait in admits:
+            name = schedule if (share, wait) == default else f"{schedule} admit {share}:{wait}"
+            if share is not None:
+                engine.admit_share, engine.admit_wait = share, wait
+            runs = [
+                timed_rollout(rt, specs, cfg, step=k, phase="train", device=device, schedule=schedule)
+                for k in range(args.repeats)
+            ]
+            out["schedules"][name] = dict(
+                runs=runs, tokens_per_s=statistics.median(r["tokens_per_s"] for r in runs)
+            )
+    if default[0] is not None:
+        engine.admit_share, engine.admit_wait = default
+    out["tokens_per_s"] = next(iter(out["schedules"].values()))["tokens_per_s"]
     return out
 
 
@@ -279,7 +289,7 @@ def print_generation(res: dict) -> None:
 def print_episode(res: dict) -> None:
     print(f"episode: {res['questions']} questions x {res['responses']} responses, {res['model']} model")
     print(
-        f"  {'schedule':10s} {'run':>3s} {'tokens':>7s} {'seconds':>7s} {'tok/s':>7s} {'engine':>7s} "
+        f"  {'schedule':24s} {'run':>3s} {'tokens':>7s} {'seconds':>7s} {'tok/s':>7s} {'engine':>7s} "
         + " ".join(f"{k:>9s}" for k in TIMING)
         + f" {'steps':>5s} {'rows/step':>9s} {'admits':>6s}"
     )
@@ -290,7 +300,7 @@ def print_episode(res: dict) -> None:
         c = run["engine"]
         cells = " ".join(f"{c[key]:9.2f}" for key in TIMING)
         print(
-            f"  {name:10s} {k:3d} {run['tokens']:7d} {run['seconds']:7.2f} {run['tokens_per_s']:7.0f} "
+            f"  {name:24s} {k:3d} {run['tokens']:7d} {run['seconds']:7.2f} {run['tokens_per_s']:7.0f} "
             f"{c['seconds']:7.2f} {cells} {c['steps']:5d} {c['rows_per_step']:9.1f} {c['admissions']:6d}"
         )
 
@@ -313,6 +323,11 @@ def main() -> None:
         "--schedules",
         default="continuous",
         help="episode mode: continuous (the trainer's) and/or rounds (every ready turn in one batch)",
+    )
+    p.add_argument(
+        "--admit",
+        help="episode mode, continuous: SHARE:WAIT[,...] admission settings to run beside the engine's "
+        "(arrivals join when they are SHARE of the running rows, or after WAIT steps)",
     )
     for name, default in dict(questions=32, samples=8, new=128, repeats=2).items():
         p.add_argument(f"--{name}", type=int, default=default)
@@ -357,7 +372,9 @@ def main() -> None:
     if "generation" in results and "episode" in results and "merged" in results["generation"]["arms"]:
         single = results["generation"]["arms"]["merged"]["tokens_per_s"]
         results["episode_vs_generation"] = results["episode"]["tokens_per_s"] / single
-        print(f"episode / generation (merged) tokens/s: {results['episode_vs_generation']:.3f}")
+        for name, sched in results["episode"]["schedules"].items():
+            sched["vs_generation"] = sched["tokens_per_s"] / single
+            print(f"episode ({name}) / generation (merged) tokens/s: {sched['vs_generation']:.3f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1, default=str))

@@ -15,7 +15,8 @@
 #         pipeline  snakemake --configfile $ATLAS_CONFIG --cores all --resources gpu_mem_gb=<GPU 0's
 #                   GiB> results/report25/ (ATLAS_CONFIG: default config/h200.yaml), then
 #                   `python -m atlas verify` of the report and the per-job time table
-#         bench     scripts/bench_rollout.py, both modes, over the pipeline's model
+#         bench     scripts/bench_rollout.py, both modes (episodes in both schedules), over the
+#                   pipeline's model
 #         tests     the CUDA tests (tests/gpu)
 #       $OUT (default DIR/out) gets the command, nvidia-smi, the sandbox check, Snakemake's log,
 #       job_times.md, the report folder, each training run's step_metrics, bench_rollout.json and
@@ -117,10 +118,10 @@ pipeline() {
 
 bench() {
     local out=$1 config=$2
-    python3 scripts/bench_rollout.py --config "$config" --modes generation,episode --out "$out/bench_rollout.json" \
-        > "$out/bench_rollout.log" 2>&1
+    python3 scripts/bench_rollout.py --config "$config" --modes generation,episode --schedules continuous,rounds \
+        --out "$out/bench_rollout.json" > "$out/bench_rollout.log" 2>&1
     echo "bench_rollout: exit $?"
-    grep -E "tok/s|total|/ generation" "$out/bench_rollout.log"
+    grep -E "tok/s|/ generation" "$out/bench_rollout.log"
 }
 
 case $what in

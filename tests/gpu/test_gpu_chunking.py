@@ -1,5 +1,6 @@
-"""StaticEngine's key/value budget on CUDA: by default half the GPU's memory; a batch past
-cache_bytes runs captured, in chunks of requests that fit, with the tokens of one batch."""
+"""StaticEngine's key/value budget and continuous batching on CUDA: by default half the GPU's
+memory; a batch past cache_bytes runs captured, each waiting request placed as an ended row gives
+positions back, with the tokens of one batch; a follow-up joins captured rows mid-generation."""
 
 from __future__ import annotations
 
@@ -8,34 +9,73 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atlas.config import RuntimeConfig
+from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.fast_engine import StaticEngine
 from atlas.runtime.session import make_runtime
-from unit.test_fast_engine import requests_for
+from unit.test_fast_engine import FollowUps, requests_for
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def test_captured_engine_chunks_a_batch_past_its_cache_budget_on_cuda(tiny_model):
+@pytest.fixture(scope="module")
+def cuda_runtime(tiny_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
-    rt = make_runtime(model, AutoTokenizer.from_pretrained(tiny_model), RuntimeConfig())
+    return make_runtime(model, AutoTokenizer.from_pretrained(tiny_model), RuntimeConfig())
 
-    def engine(**kw):
-        fast = rt.engine
-        return StaticEngine(
-            model, fast.vocab_size, fast.stop_token_ids, banned_token_ids=rt.grammars.banned_token_ids, **kw
-        )
 
+def engine(rt, **kw) -> StaticEngine:
+    fast = rt.engine
+    return StaticEngine(
+        fast.model, fast.vocab_size, fast.stop_token_ids, banned_token_ids=rt.grammars.banned_token_ids, **kw
+    )
+
+
+def test_captured_engine_runs_a_batch_past_its_cache_budget_as_positions_free(cuda_runtime):
+    rt = cuda_runtime
     requests = requests_for(rt, 5)
-    default = engine()
+    default = engine(rt)
     assert default.cache_bytes == int(0.5 * torch.cuda.get_device_properties(0).total_memory)
-    whole = engine(min_batch=1).generate(requests)
-    caps = default._caps(requests)
-    two = sum(len(r.prompt_ids) + c for r, c in list(zip(requests, caps, strict=True))[:2]) + 3  # + scratch
-    fast = engine(min_batch=1, cache_bytes=two * default.position_bytes)
-    assert fast.graphs and fast.chunks(requests)[0] == 2
-    chunked = fast.generate(requests)
-    assert fast.last_timing["chunks"] == len(fast.chunks(requests)) >= 3
+    whole = engine(rt, min_batch=1, max_rows=8).generate(requests)
+    sizes = sorted(map(default.segment_size, requests))
+    two = sizes[-1] + sizes[-2] + 8 + 1  # the two largest segments and the scratch rows
+    fast = engine(rt, min_batch=1, max_rows=8, cache_bytes=two * default.position_bytes)
+    budgeted = fast.generate(requests)
+    assert fast.graphs and fast.last_timing["admissions"] >= 3
     assert fast.pool.positions <= two
-    same = sum(x.token_ids == y.token_ids for x, y in zip(whole, chunked, strict=True))
+    assert fast.last_timing["steps"] > max(len(g.token_ids) for g in whole)  # not one batch
+    same = sum(x.token_ids == y.token_ids for x, y in zip(whole, budgeted, strict=True))
     assert same >= 4, same  # other bucket sizes, other GEMM kernels in bf16: a near-tie may flip one row
+    torch.cuda.synchronize()
+
+
+def test_a_follow_up_joins_captured_rows_and_nothing_is_compiled_again(cuda_runtime):
+    """Continuous batching with the graphs: follow-ups (the conversation so far and a tool
+    response) join the running rows and end before the longest first request; after the first
+    serve, a second captures and compiles nothing new."""
+    from torch._dynamo.utils import counters
+
+    rt = cuda_runtime
+    fast = engine(rt, min_batch=1, admit_wait=0)
+    base = requests_for(rt, 4)
+
+    def first():
+        return [
+            GenerationRequest(r.prompt_ids, r.grammar, n, r.seed, cache_key=object())
+            for r, n in zip(base, (4, 6, 1000, 1000), strict=True)
+        ]
+
+    feed = FollowUps(rt, first(), follow_max_new=5)
+    fast.serve(feed)
+    long_ = max((2, 3), key=lambda t: len(feed.outs[t].token_ids))
+    assert len(feed.outs[long_].token_ids) > 11
+    assert feed.order.index(100) < feed.order.index(long_) and feed.order.index(101) < feed.order.index(long_)
+    assert fast.last_timing["admissions"] >= 2 and fast.last_timing["reused_tokens"] > 0
+    captured, compiled = fast.captures, counters["stats"]["unique_graphs"]
+    again = FollowUps(rt, first(), follow_max_new=5)
+    fast.serve(again)
+    assert fast.captures == captured and counters["stats"]["unique_graphs"] == compiled
+    assert fast.last_timing["graphs"] == 0
+    assert [again.outs[t].token_ids for t in sorted(again.outs)] == [
+        feed.outs[t].token_ids for t in sorted(feed.outs)
+    ]
     torch.cuda.synchronize()
