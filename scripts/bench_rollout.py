@@ -256,7 +256,7 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
     default = (getattr(engine, "admit_share", None), getattr(engine, "admit_wait", None))
     for schedule in args.schedules.split(","):
         admits = [default]
-        if schedule == "continuous" and args.admit:
+        if schedule == "continuous" and args.admit and default[0] is not None:
             admits = [(float(a), int(b)) for a, b in (x.split(":") for x in args.admit.split(","))]
         for share, wait in admits:
             name = schedule if (share, wait) == default else f"{schedule} admit {share}:{wait}"
