@@ -99,6 +99,8 @@ def profiled(fn, path: Path, device):
         sync(device)
     sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=30)
+    if device == "cuda":  # and the kernels themselves, by their own time
+        table += "\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(table)
     print(table)
@@ -180,7 +182,9 @@ TIMING = ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s", "i
 COUNTS = ("steps", "rows", "admissions", "shrinks", "graphs", "pool_grows", "evicted")
 
 
-def timed_rollout(rt, specs, cfg, *, step: int, phase: str, device, schedule: str) -> dict:
+def timed_rollout(
+    rt, specs, cfg, *, step: int, phase: str, device, schedule: str, profile: Path | None = None
+) -> dict:
     """One rollout of `specs` through the trainer's episode loop, with the engine's clock.
     schedule `continuous`: the engine's own serve (a turn joins the running rows when its tool
     returns: what the trainer runs); `rounds`: every ready turn in one batch that runs to its
@@ -199,7 +203,7 @@ def timed_rollout(rt, specs, cfg, *, step: int, phase: str, device, schedule: st
 
     def serve(feed):
         if schedule == "rounds":
-            return serve_in_rounds(clocked, feed)
+            return serve_in_rounds(clocked, feed, forget=getattr(engine, "forget", None))
         sync(device)
         t = time.perf_counter()
         engine.serve(feed)
@@ -208,13 +212,24 @@ def timed_rollout(rt, specs, cfg, *, step: int, phase: str, device, schedule: st
 
     # the loop is handed the engine behind a clock (the engine itself is left as it is)
     clocked_rt = dataclasses.replace(rt, engine=SimpleNamespace(serve=serve, vocab_size=engine.vocab_size))
+
+    def go():
+        return rollout(
+            clocked_rt, specs, cfg.runtime, cfg.graders, run="bench", step=step, phase=phase, seed=cfg.seed
+        )
+
     t = time.perf_counter()
-    episodes = rollout(
-        clocked_rt, specs, cfg.runtime, cfg.graders, run="bench", step=step, phase=phase, seed=cfg.seed
-    )
+    episodes = go() if profile is None else profiled(go, profile, device)
     seconds = time.perf_counter() - t
     tokens = sum(r.generated_tokens for ep in episodes for r in ep.records)
     engine_clock = {k: sum(c.get(k, 0) for c in calls) for k in ("seconds", *TIMING, *COUNTS)}
+    by_bucket = {}  # rows of a bucket -> [steps, seconds], over the rollout's engine calls
+    for c in calls:
+        for rows, (steps, secs) in c.get("by_bucket", {}).items():
+            by_bucket.setdefault(rows, [0, 0.0])
+            by_bucket[rows][0] += steps
+            by_bucket[rows][1] += secs
+    engine_clock["by_bucket"] = dict(sorted(by_bucket.items()))
     engine_clock["rows_per_step"] = engine_clock["rows"] / max(1, engine_clock["steps"])
     run = dict(
         schedule=schedule,
@@ -262,8 +277,18 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
             name = schedule if (share, wait) == default else f"{schedule} admit {share}:{wait}"
             if share is not None:
                 engine.admit_share, engine.admit_wait = share, wait
+            profile = args.profile_episode if not out["schedules"] else None  # the first schedule's
             runs = [
-                timed_rollout(rt, specs, cfg, step=k, phase="train", device=device, schedule=schedule)
+                timed_rollout(
+                    rt,
+                    specs,
+                    cfg,
+                    step=k,
+                    phase="train",
+                    device=device,
+                    schedule=schedule,
+                    profile=profile if k == args.repeats - 1 else None,
+                )
                 for k in range(args.repeats)
             ]
             out["schedules"][name] = dict(
@@ -333,6 +358,11 @@ def main() -> None:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", type=Path, help="profile the last arm's last generation call into this file")
+    p.add_argument(
+        "--profile-episode",
+        type=Path,
+        help="profile the first schedule's last rollout (its timing is then the profiler's) into this file",
+    )
     args = p.parse_args()
     cfg = parse_config(
         merged(read_yaml(REPO / "config/config.yaml"), read_yaml(args.config)), str(args.config)

@@ -36,6 +36,7 @@ def test_the_episode_clock_counts_the_records_tokens_in_both_schedules(tiny_mode
         for schedule in ("continuous", "rounds")
     }
     assert "serve" not in vars(rt.engine) and "generate" not in vars(rt.engine)  # the engine is untouched
+    assert rt.engine._kept == {}  # in both schedules, an ended episode's keys are given back
     cont, rounds = runs["continuous"], runs["rounds"]
     # the schedule changes when a row runs, not what it generates: same seeds, same episodes
     assert cont["tokens"] == rounds["tokens"] > 0 and cont["generations"] == rounds["generations"]
@@ -46,6 +47,8 @@ def test_the_episode_clock_counts_the_records_tokens_in_both_schedules(tiny_mode
         assert run["engine"]["rows"] == run["tokens"]
         assert run["tokens_per_s"] == run["tokens"] / run["seconds"]
         assert run["seconds"] >= run["engine"]["seconds"] > 0
+        by_bucket = run["engine"]["by_bucket"]  # every step in one bucket's row
+        assert sum(steps for steps, _ in by_bucket.values()) == run["engine"]["steps"]
     assert len(cont["calls"]) == 1 and cont["engine"]["admissions"] > 1  # one serve, turns joining
     # rounds: one call a turn, each with every episode still going
     assert len(rounds["calls"]) >= 2

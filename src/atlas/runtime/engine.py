@@ -100,13 +100,15 @@ class ListFeed:
             self.on_finish(tag, gen)
 
 
-def serve_in_rounds(generate, feed: Feed) -> None:
+def serve_in_rounds(generate, feed: Feed, forget=None) -> None:
     """Serve a feed through a batch `generate(requests, on_finish)`: once nothing is in flight,
     every ready request in one call, until none is left. A row goes to the feed the moment it
     ends; its `engine_s` (the call's wall time shared evenly) is set when the call returns, before
-    the feed is polled again."""
+    the feed is polled again. `forget(keys)`, when given, gets the conversations that ended."""
     while True:
         arrivals = feed.poll(block=True, settle=True)
+        if forget is not None:
+            forget(arrivals.ended)
         if not arrivals.requests:
             return
         tags = [tag for tag, _ in arrivals.requests]

@@ -154,6 +154,7 @@ class StaticEngine:
         self.batch_matcher = xgr.BatchGrammarMatcher()
         self.min_batch, self.shrink, self.prefill_budget = min_batch, shrink, prefill_budget
         self.max_rows = bucket(max_rows, min_batch)  # rows generating at once, at most
+        self._scratch_rows = self.max_rows + 1  # a scratch position per row of the largest bucket
         self.admit_share, self.admit_wait = admit_share, admit_wait
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.config = inner.config
@@ -200,7 +201,7 @@ class StaticEngine:
     def _new_pool(self, need: int) -> None:
         """A pool for `need` positions (a quarter more, within the budget); the scratch positions of
         the largest bucket first. Whatever the old pool kept goes with it."""
-        scratch = self.max_rows + 1
+        scratch = self._scratch_rows
         size = pool_positions(need + scratch)
         if (budget := self.budget_positions()) is not None:
             size = min(size, budget)
@@ -213,15 +214,24 @@ class StaticEngine:
         self.segments = Segments(size)
         self._scratch = self.segments.take(scratch)
 
-    def _grow_pool(self, need: int) -> bool:
-        """A larger pool, for `need` more positions than are taken, with every position of this
-        one where it was (live rows and kept keys stay valid); False at the budget."""
+    def _grow_pool(self, need: int, live: bool) -> bool:
+        """A larger pool, for `need` more positions than are taken; False at the budget. With rows
+        generating (`live`) their keys are copied over, which holds both pools at once: only
+        while the two fit the budget. Otherwise the kept keys go (they are a cache) and the old
+        pool is freed before the new one is taken."""
         taken = self.pool.positions - self.segments.free_positions
-        size = pool_positions(taken + need)
-        if (budget := self.budget_positions()) is not None:
+        budget = self.budget_positions()
+        size = pool_positions((taken if live else self._scratch_rows) + need)
+        if budget is not None:
             size = min(size, budget)
-        if size <= self.pool.positions:
+        if size <= self.pool.positions or (
+            live and budget is not None and self.pool.positions + size > budget
+        ):
             return False
+        self._clock["pool_grows"] += 1
+        if not live:
+            self._new_pool(need)
+            return True
         old = self.pool
         self._drop_graphs()  # they write into the old pool
         self.pool = KVPool(self.config, size, self.device, self.dtype)
@@ -230,15 +240,14 @@ class StaticEngine:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.segments.grow(size)
-        self._clock["pool_grows"] += 1
         return True
 
-    def _place(self, size: int, want: int, keep: set) -> int | None:
+    def _place(self, size: int, want: int, keep: set, live: bool) -> int | None:
         """The start of a segment of `size` positions: from free positions, else a larger pool
         (sized for `want`, all that waits), else by evicting the oldest kept keys not in `keep`.
         None while rows hold the positions it needs."""
         while (start := self.segments.take(size)) is None:
-            if not (self._grow_pool(max(want, size)) or self._evict(keep)):
+            if not (self._grow_pool(max(want, size), live) or self._evict(keep)):
                 return None
         return start
 
@@ -249,6 +258,11 @@ class StaticEngine:
                 self._clock["evicted"] += 1
                 return True
         return False
+
+    def forget(self, keys) -> None:
+        """Conversations that no later request continues: their kept keys go."""
+        for key in keys:
+            self._forget(key)
 
     def _forget(self, key) -> None:
         """Drop a conversation's kept keys and give their positions back."""
@@ -515,6 +529,7 @@ class StaticEngine:
             ),
             0,
         )
+        self._clock["by_bucket"] = {}  # rows of a bucket -> (steps, seconds)
         try:
             with self.pool_attention(), liger_rope(self.model):  # Liger's RoPE where the model has it
                 _Run(self, feed).run()
@@ -569,8 +584,7 @@ class _Run:
 
     def arrive(self, arrivals) -> None:
         e = self.e
-        for key in arrivals.ended:
-            e._forget(key)
+        e.forget(arrivals.ended)
         budget = e.budget_positions()
         for tag, request in arrivals.requests:
             size = e.segment_size(request)
@@ -605,9 +619,10 @@ class _Run:
         while self.waiting and len(picked) < room:
             tag, request, _ = self.waiting[0]
             size = e.segment_size(request)
-            start = e._place(size, want, keep)
-            if start is None and not picked and not self.active:
-                start = e._place(size, want, set())  # nothing else will give positions back
+            live = bool(picked or self.active)
+            start = e._place(size, want, keep, live)
+            if start is None and not live:
+                start = e._place(size, want, set(), live)  # nothing else will give positions back
             if start is None:
                 break
             self.waiting.popleft()
@@ -738,7 +753,10 @@ class _Run:
         self.step += 1
         clock["steps"] += 1
         clock["rows"] += len(rows)
-        share = (time.perf_counter() - t0) / len(rows)
+        spent = time.perf_counter() - t0
+        steps, seconds = clock["by_bucket"].get(rb.rows, (0, 0.0))
+        clock["by_bucket"][rb.rows] = (steps + 1, seconds + spent)
+        share = spent / len(rows)
         for row in lives:
             row.gen.engine_s += share
         for j in ended:
