@@ -38,14 +38,23 @@ def assert_close_in_bf16(a, b) -> None:
     assert sum(gaps) / len(gaps) < 0.02 and max(gaps) < 0.5, (sum(gaps) / len(gaps), max(gaps))
 
 
-def test_pool_attention_on_cuda_matches_the_row_by_row_float32_attention():
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(1, 300, 0), (5, 5, 1000), (1, 1, 2000), (17, 900, 2100), (3, 40, 3500)],
+        [(1, 300, 0), (1, 1, 1000), (1, 777, 1100), (1, 50, 2000), (1, 2000, 2050)],  # a decode step
+    ],
+    ids=["prompts-and-decode", "decode-step"],
+)
+def test_pool_attention_on_cuda_matches_the_row_by_row_float32_attention(rows):
     """Rows of 1 query (decode) and of several (a prompt, a prompt's tail) at scattered segments,
-    grouped heads 4:1: FlashAttention-2 with seqused_k in bf16 against SDPA in float32."""
+    grouped heads 4:1: FlashAttention-2 with seqused_k in bf16 against SDPA in float32. A decode
+    step alone (one query a row) goes in with each KV head's query heads as one group."""
     torch.manual_seed(0)
     cfg = SimpleNamespace(
         num_hidden_layers=1, num_key_value_heads=2, head_dim=64, hidden_size=512, num_attention_heads=8
     )
-    rows = [(1, 300, 0), (5, 5, 1000), (1, 1, 2000), (17, 900, 2100), (3, 40, 3500)]  # (queries, used, start)
+    # rows: (queries, used, start)
     n = sum(r[0] for r in rows)
     bf = KVPool(cfg, 4096, "cuda", torch.bfloat16)
     bf.kv.normal_()
@@ -66,7 +75,7 @@ def test_pool_attention_on_cuda_matches_the_row_by_row_float32_attention():
             cu_q=torch.tensor(cu, dtype=torch.int32, device="cuda"),
             starts=torch.tensor([s for *_, s in rows] + [0], dtype=torch.int32, device="cuda"),
             used=torch.tensor([u for _, u, _ in rows], dtype=torch.int32, device="cuda"),
-            max_q=17,
+            max_q=max(r[0] for r in rows),
             max_k=4096,
             rows=host_rows,
         )

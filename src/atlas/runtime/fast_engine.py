@@ -243,11 +243,21 @@ class StaticEngine:
         return True
 
     def _place(self, size: int, want: int, keep: set, live: bool) -> int | None:
-        """The start of a segment of `size` positions: from free positions, else a larger pool
-        (sized for `want`, all that waits), else by evicting the oldest kept keys not in `keep`.
-        None while rows hold the positions it needs."""
+        """The start of a segment of `size` positions: from free positions, a larger pool (sized
+        for `want`, all that waits) or the positions of the oldest kept keys not in `keep`. None
+        while rows hold the positions it needs."""
+
+        def grow() -> bool:
+            return self._grow_pool(max(want, size), live)
+
+        def evict() -> bool:
+            return self._evict(keep)
+
+        # with rows live, a larger pool first (kept keys save prefill); with none, kept keys go
+        # first (a new pool means capturing every graph again)
+        first, second = (grow, evict) if live else (evict, grow)
         while (start := self.segments.take(size)) is None:
-            if not (self._grow_pool(max(want, size), live) or self._evict(keep)):
+            if not (first() or second()):
                 return None
         return start
 
