@@ -4,7 +4,8 @@
     python scripts/bench_rollout.py --config config/h200.yaml --data results/data \
         [--modes generation,episode] [--out $OUT/rollout.json]
 
-The model is `--model DIR`; by default the base the pipeline built for the config
+With ATLAS_GPU_MEM_GB set, the process holds to that much GPU memory as a pipeline job does
+(resources.gpu_memory_gb; the rollout pool takes half of it). The model is `--model DIR`; by default the base the pipeline built for the config
 (results/models/<model.name>) or, before the pipeline has run, the config's `model.shape` built
 here (atlas.model.shapes: random-init Qwen3 dimensions over the synthetic 151,936-token
 tokenizer; `--tokenizer DIR` keeps that tokenizer for the next call); on the GPU in bf16, on the
@@ -58,6 +59,7 @@ from atlas.runtime.rollouts import episode_specs, rollout
 from atlas.runtime.session import load_model, make_runtime
 from atlas.runtime.synthetic import tool_requests
 from atlas.runtime.tools import CodeBounds
+from atlas.stage import hold_gpu_memory
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -277,18 +279,8 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
             name = schedule if (share, wait) == default else f"{schedule} admit {share}:{wait}"
             if share is not None:
                 engine.admit_share, engine.admit_wait = share, wait
-            profile = args.profile_episode if not out["schedules"] else None  # the first schedule's
             runs = [
-                timed_rollout(
-                    rt,
-                    specs,
-                    cfg,
-                    step=k,
-                    phase="train",
-                    device=device,
-                    schedule=schedule,
-                    profile=profile if k == args.repeats - 1 else None,
-                )
+                timed_rollout(rt, specs, cfg, step=k, phase="train", device=device, schedule=schedule)
                 for k in range(args.repeats)
             ]
             out["schedules"][name] = dict(
@@ -296,6 +288,11 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
             )
     if default[0] is not None:
         engine.admit_share, engine.admit_wait = default
+    if args.profile_episode:  # one more rollout of the first schedule, under the profiler (not timed)
+        first = args.schedules.split(",")[0]
+        out["profiled"] = timed_rollout(
+            rt, specs, cfg, step=0, phase="train", device=device, schedule=first, profile=args.profile_episode
+        )
     out["tokens_per_s"] = next(iter(out["schedules"].values()))["tokens_per_s"]
     return out
 
@@ -361,13 +358,14 @@ def main() -> None:
     p.add_argument(
         "--profile-episode",
         type=Path,
-        help="profile the first schedule's last rollout (its timing is then the profiler's) into this file",
+        help="one more rollout of the first schedule, under the profiler: its table into this file",
     )
     args = p.parse_args()
     cfg = parse_config(
         merged(read_yaml(REPO / "config/config.yaml"), read_yaml(args.config)), str(args.config)
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    claim = hold_gpu_memory()  # ATLAS_GPU_MEM_GB: the memory a pipeline job claims, as a stage holds it
     built = REPO / "results/models" / cfg.model.name
     if args.model is None and (built / "MANIFEST.json").is_file():
         args.model = built
@@ -389,6 +387,7 @@ def main() -> None:
         model=str(args.model) if args.model else cfg.model.shape,
         vocab=len(tokenizer),
         lora_rank=cfg.training.lora_rank,
+        gpu_memory_gb=claim,
     )
     policy = functools.cache(lambda: Policy(base, tokenizer, cfg, device))  # built once, if an arm needs it
 

@@ -78,8 +78,8 @@ MAX_ROWS = 512  # rows generating at once, at most; more requests wait for a row
 # Requests that arrive while rows generate join them at the next step when they are at least
 # ADMIT_SHARE of the rows generating, or when the oldest has waited ADMIT_WAIT steps: a prefill
 # forward has a fixed cost of several decode steps, so arrivals are gathered, not run one by one.
-ADMIT_SHARE = 0.25
-ADMIT_WAIT = 16
+ADMIT_SHARE = 0.5
+ADMIT_WAIT = 32
 # host buffer rows: positions fed, where their keys go, segment starts, used positions, pick keys
 POS, WRITE, START, USED, KEY = range(5)
 
@@ -243,21 +243,14 @@ class StaticEngine:
         return True
 
     def _place(self, size: int, want: int, keep: set, live: bool) -> int | None:
-        """The start of a segment of `size` positions: from free positions, a larger pool (sized
-        for `want`, all that waits) or the positions of the oldest kept keys not in `keep`. None
+        """The start of a segment of `size` positions: from free positions, the positions of the
+        oldest kept keys not in `keep`, or a larger pool (sized for `want`, all that waits). None
         while rows hold the positions it needs."""
 
-        def grow() -> bool:
-            return self._grow_pool(max(want, size), live)
-
-        def evict() -> bool:
-            return self._evict(keep)
-
-        # with rows live, a larger pool first (kept keys save prefill); with none, kept keys go
-        # first (a new pool means capturing every graph again)
-        first, second = (grow, evict) if live else (evict, grow)
+        # kept keys go first: they only save prefill, while a new pool means capturing every graph
+        # again (and it takes both pools at once while rows are live)
         while (start := self.segments.take(size)) is None:
-            if not (first() or second()):
+            if not (self._evict(keep) or self._grow_pool(max(want, size), live)):
                 return None
         return start
 
