@@ -511,6 +511,7 @@ def test_kept_keys_are_evicted_when_the_pool_is_full_and_tokens_stay_the_same(ru
     base = requests_for(runtime, 4)
     first = [GenerationRequest(r.prompt_ids, r.grammar, 3, r.seed, cache_key=object()) for r in base]
     probe = eager_static_engine(runtime, min_batch=1, max_rows=4)
+    probe._new_pool(100_000)  # room for every segment: nothing is evicted
     roomy = FollowUps(runtime, first, follow_max_new=3)
     probe.serve(roomy)
     assert probe.last_timing["evicted"] == 0
@@ -524,3 +525,68 @@ def test_kept_keys_are_evicted_when_the_pool_is_full_and_tokens_stay_the_same(ru
     assert fast.last_timing["reused_tokens"] < probe.last_timing["reused_tokens"]
     for tag in roomy.outs:
         assert_same_rows([roomy.outs[tag]], [tight.outs[tag]])
+
+
+def test_compaction_moves_every_held_segment_to_the_front_with_its_keys(runtime):
+    """A pool with free runs between held segments: compact() packs the scratch rows, the live
+    rows' segments, the kept keys and a segment placed for an admission under way to the front,
+    in order, moving the positions that hold keys, and leaves one free run at the end."""
+    from atlas.runtime import fast_engine
+
+    fast = eager_static_engine(runtime, min_batch=1, max_rows=2)
+    fast._clock = {"compactions": 0}
+    fast._new_pool(400)
+    pool = fast.pool
+    for i in range(pool.positions):
+        pool.kv[:, :, i] = i  # every position holds its own number
+    seg = fast.segments
+    assert fast._scratch == 0 and seg.free == [[3, pool.positions - 3]]
+    a, gap, b, c, gap2, d = seg.take(50), seg.take(30), seg.take(60), seg.take(20), seg.take(5), seg.take(15)
+    seg.give(gap, 30)
+    seg.give(gap2, 5)
+    run = fast_engine._Run(fast, feed=None)
+    live = fast_engine._Live(
+        tag=0, request=None, gen=None, matcher=None, key=0, cap=10, start=b, size=60, length=45
+    )
+    run.live = [None, live]
+    fast._kept = {"k1": (list(range(40)), a), "k2": (list(range(20)), c)}  # a's last 10: freed
+    seg.give(a + 40, 10)
+    placed = [["t", None, d, 15]]
+    run.compact(placed)
+    assert fast._scratch == 0 and live.start == 43 and fast._kept["k1"][1] == 3
+    assert fast._kept["k2"][1] == 103 and list(fast._kept) == ["k1", "k2"] and placed[0][2] == 123
+    assert fast.segments.free == [[138, pool.positions - 138]]
+    assert fast._clock["compactions"] == 1
+    for start, old, n in ((43, b, 45), (3, a, 40), (103, c, 20)):  # the held keys moved with them
+        assert torch.equal(pool.kv[:, :, start : start + n, 0, 0][0, 0], torch.arange(old, old + n).float())
+
+
+def test_compacting_at_every_admission_changes_no_token(runtime, monkeypatch):
+    """Follow-ups joining running rows, with the pool compacted before every admission (live rows
+    and kept keys moved): the same generations as without."""
+    from atlas.runtime import fast_engine
+
+    base = requests_for(runtime, 4)
+
+    def first():
+        return [
+            GenerationRequest(r.prompt_ids, r.grammar, n, r.seed, cache_key=object())
+            for r, n in zip(base, (4, 6, 1000, 1000), strict=True)
+        ]
+
+    plain = FollowUps(runtime, first(), follow_max_new=5)
+    eager_static_engine(runtime, min_batch=1, admit_wait=0).serve(plain)
+    admit = fast_engine._Run.admit
+
+    def compacting(self):
+        if self.e.pool is not None:
+            self.compact()
+        admit(self)
+
+    monkeypatch.setattr(fast_engine._Run, "admit", compacting)
+    fast = eager_static_engine(runtime, min_batch=1, admit_wait=0)
+    moved = FollowUps(runtime, first(), follow_max_new=5)
+    fast.serve(moved)
+    assert fast.last_timing["compactions"] >= 2 and fast.last_timing["reused_tokens"] > 0
+    for tag in plain.outs:
+        assert_same_rows([plain.outs[tag]], [moved.outs[tag]])

@@ -242,15 +242,18 @@ class StaticEngine:
         self.segments.grow(size)
         return True
 
-    def _place(self, size: int, want: int, keep: set, live: bool) -> int | None:
-        """The start of a segment of `size` positions: from free positions, the positions of the
-        oldest kept keys not in `keep`, or a larger pool (sized for `want`, all that waits). None
-        while rows hold the positions it needs."""
-
-        # kept keys go first: they only save prefill, while a new pool means capturing every graph
-        # again (and it takes both pools at once while rows are live)
+    def _place(self, size: int, want: int, keep: set, live: bool, compact=None) -> int | None:
+        """The start of a segment of `size` positions: from free positions (packed first by
+        `compact` when they suffice but lie in shorter runs), the positions of the oldest kept
+        keys not in `keep`, or a larger pool (sized for `want`, all that waits). None while rows
+        hold the positions it needs."""
+        # kept keys go before the pool grows: they only save prefill, while a new pool means
+        # capturing every graph again (and it takes both pools at once while rows are live)
         while (start := self.segments.take(size)) is None:
-            if not (self._evict(keep) or self._grow_pool(max(want, size), live)):
+            if compact is not None and self.segments.free_positions >= size:
+                compact()
+                compact = None
+            elif not (self._evict(keep) or self._grow_pool(max(want, size), live)):
                 return None
         return start
 
@@ -527,6 +530,7 @@ class StaticEngine:
                 "graphs",
                 "pool_grows",
                 "evicted",
+                "compactions",
                 "prefill_tokens",
                 "reused_tokens",
             ),
@@ -618,18 +622,23 @@ class _Run:
             e._new_pool(sum(e.segment_size(r) for _, r, _ in self.waiting))
         want = sum(e.segment_size(r) for _, r, _ in self.waiting)
         room = e.max_rows - len(self.active)
-        picked, keep = [], {r.cache_key for _, r, _ in self.waiting if r.cache_key is not None}
+        # Kept keys only save prefill: any may go to place a request, but those of the requests
+        # placed here (copied once all are placed) and, while others can, of this one.
+        picked, keep = [], set()
         while self.waiting and len(picked) < room:
             tag, request, _ = self.waiting[0]
             size = e.segment_size(request)
             live = bool(picked or self.active)
-            start = e._place(size, want, keep, live)
-            if start is None and not live:
-                start = e._place(size, want, set(), live)  # nothing else will give positions back
+            own = {request.cache_key} - {None}
+            compact = lambda picked=picked: self.compact(picked)  # noqa: E731
+            start = e._place(size, want, keep | own, live, compact)
+            if start is None and own:
+                start = e._place(size, want, keep, live, compact)
             if start is None:
                 break
             self.waiting.popleft()
-            picked.append((tag, request, start, size))
+            picked.append([tag, request, start, size])
+            keep |= own
             want -= size
         if not picked:
             return
@@ -661,6 +670,41 @@ class _Run:
             self.live[j].gen.engine_s += share
         e._clock["admissions"] += 1
         e._clock["prefill_s"] += time.perf_counter() - t
+
+    def compact(self, placed: Sequence[list] = ()) -> None:
+        """Move every taken segment (the scratch rows, the live rows', the kept keys', and those
+        `placed` for the admission under way, [tag, request, start, size]) to the front of the
+        pool, in order, so that the free positions are one run at its end. Only the positions
+        that hold keys move; the rows' starts (written to the step's buffer every step) and the
+        kept keys' follow."""
+        e = self.e
+        held = [(e._scratch, e._scratch_rows, e._scratch_rows, None)]  # (start, size, keys held, owner)
+        held += [(row.start, row.size, row.length, row) for row in self.live if row is not None]
+        held += [(start, len(tokens), len(tokens), key) for key, (tokens, start) in e._kept.items()]
+        held += [(p[2], p[3], 0, p) for p in placed]  # nothing written there yet
+        held.sort(key=lambda h: h[0])
+        src, dst, at = [], [], 0
+        for start, size, keys, owner in held:
+            if start != at:
+                src.append(np.arange(start, start + keys))
+                dst.append(np.arange(at, at + keys))
+            if owner is None:
+                e._scratch = at
+            elif isinstance(owner, _Live):
+                owner.start = at
+            elif isinstance(owner, list):
+                owner[2] = at
+            else:
+                e._kept[owner] = (e._kept[owner][0], at)
+            at += size
+        if src:
+            src_t = torch.from_numpy(np.concatenate(src)).to(e.device)
+            dst_t = torch.from_numpy(np.concatenate(dst)).to(e.device)
+            for layer in e.pool.kv:  # [2, positions, heads, dim]; read out before any write
+                layer.index_copy_(1, dst_t, layer.index_select(1, src_t))
+        e.segments = Segments(e.pool.positions)
+        e.segments.take(at)
+        e._clock["compactions"] += 1
 
     def rebucket(self, rows: int) -> None:
         """Move the live rows to the front of a bucket of `rows`: only their logits move (their
