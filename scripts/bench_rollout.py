@@ -181,7 +181,7 @@ def generation_mode(args, base, tokenizer, cfg, device, policy) -> dict:
 
 
 TIMING = ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s", "idle_s")
-COUNTS = ("steps", "rows", "admissions", "shrinks", "graphs", "pool_grows", "evicted")
+COUNTS = ("steps", "rows", "admissions", "shrinks", "graphs", "pool_grows", "evicted", "compactions")
 
 
 def timed_rollout(

@@ -590,3 +590,20 @@ def test_compacting_at_every_admission_changes_no_token(runtime, monkeypatch):
     assert fast.last_timing["compactions"] >= 2 and fast.last_timing["reused_tokens"] > 0
     for tag in plain.outs:
         assert_same_rows([plain.outs[tag]], [moved.outs[tag]])
+
+
+def test_a_pool_too_small_for_the_next_batch_is_sized_for_it_before_rows_run(runtime):
+    """A first call leaves a small pool; the next call's batch needs more than twice it, under a
+    budget that does not hold both pools at once (so the pool cannot grow by copying while rows
+    run). With nothing live, the pool is sized for the whole batch before any row starts, and the
+    batch runs as one (its steps are its longest row's), not a few rows at a time."""
+    requests = requests_for(runtime, 6)
+    probe = eager_static_engine(runtime, min_batch=1)
+    need = sum(map(probe.segment_size, requests)) + probe.max_rows + 1
+    fast = eager_static_engine(runtime, min_batch=1, cache_bytes=int(1.3 * need) * probe.position_bytes)
+    fast.generate(requests[:1])
+    small = fast.pool.positions
+    assert small < need / 2 and small + need > fast.budget_positions()  # no copy-growth possible
+    gens = fast.generate(requests)
+    assert fast.pool.positions >= need and fast.last_timing["admissions"] == 1
+    assert fast.last_timing["steps"] == max(len(g.token_ids) for g in gens)
