@@ -621,11 +621,12 @@ class _Run:
         want = sum(e.segment_size(r) for _, r, _ in self.waiting)
         if e.pool is None:
             e._new_pool(want)
-        elif not self.active and e.segments.free_positions < want:
-            # Nothing is live: the pool can be sized for all that waits now (a pool too small for
-            # the batch, say a warm-up's, would otherwise hold while rows run: with rows live it
-            # grows only while both pools fit the budget).
-            e._grow_pool(want, live=False)
+        elif not self.active and e.pool.positions - e._scratch_rows < want:
+            # Nothing is live and the pool cannot hold all that waits: size it for them now (a
+            # pool too small for the batch, say a warm-up's, would otherwise hold while rows run,
+            # since with rows live it grows only while both pools fit the budget). Kept keys are
+            # copied over where both pools fit the budget, else they go.
+            e._grow_pool(want, live=True) or e._grow_pool(want, live=False)
         room = e.max_rows - len(self.active)
         # Kept keys only save prefill: any may go to place a request, but those of the requests
         # placed here (copied once all are placed) and, while others can, of this one.
