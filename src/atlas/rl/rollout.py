@@ -82,8 +82,9 @@ def collect(
         rt, specs, cfg, graders, run=run, step=step, phase="train", seed=seed, progress=progress
     )
     total = time.perf_counter() - t
-    # A record's generate time is its batch's wall time shared evenly, so the sum is the model's
-    # wall time; the rest of the rollout is tools and graders (run in a pool after each turn).
+    # A record's generate time is its share of the engine's wall time (each step's time shared
+    # among its rows), so the sum is the engine's; the rest of the rollout is the tools and graders
+    # the engine waited for, and the episodes' bookkeeping.
     model = sum(r.timing_s_generate for ep in episodes for r in ep.records)
     timings = {"timing_s/gen": total, "timing_s/gen_model": model, "timing_s/gen_tools": total - model}
     t = time.perf_counter()

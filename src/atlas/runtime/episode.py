@@ -1,4 +1,5 @@
-"""Episodes: the sequential tool loop, batched across episodes one turn at a time.
+"""Episodes: the sequential tool loop, every episode a conversation the engine serves as its turns
+become ready (EpisodeFeed: an engine batches them continuously, or in rounds).
 
     prompt (chat template applied once)
     turn t: grammar-constrained generation -> parse the call by token id -> run the tool

@@ -4,34 +4,45 @@ Per generated token it returns the same things (id, log-prob under the masked di
 sampled 1 / forced 0, finish reason) and, with the same log-probs, the same tokens: sampling is
 atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast on a GPU:
 
-- keys and values live in one pool (atlas.runtime.kv_pool), each request in a segment sized to its
-  prompt plus its token cap; attention reads the positions a row has filled, not a padded cache's;
-- the prompts are one packed forward (a prompt asked by several rows, a question's samples, is
-  computed once and its keys and values written to every row's segment), and a request that
-  continues a conversation (`cache_key`) reuses what that conversation's last request left in the
-  pool: a next turn computes only the tool response and what follows;
+- it serves a feed (`serve`; atlas.runtime.engine.Feed) with continuous batching: a request that
+  arrives while rows generate (an episode's next turn, once its tool returned) joins them at a
+  step's boundary after its prompt's prefill, and a row that ends frees its place. Arrivals are
+  gathered until they are ADMIT_SHARE of the running rows or the oldest waited ADMIT_WAIT steps
+  (a prefill forward costs several decode steps). `generate` serves a fixed list;
+- keys and values live in one pool (atlas.runtime.kv_pool), each request in a segment of its
+  prompt plus its token cap, placed first-fit (kv_pool.Segments); attention reads the positions
+  a row has filled, not a padded cache's;
+- the prompts of an admission are one packed forward (a prompt asked by several rows, a question's
+  samples, is computed once and its keys and values written to every row's segment), and a
+  request that continues a conversation (`cache_key`) reuses what that conversation's last request
+  left in the pool: a next turn computes only the tool response and what follows;
 - a decode step has static shapes per number of rows (a bucket: a power of two), whatever the
   prompts' lengths: it is captured once as a CUDA graph per bucket and replayed, and the rows'
-  positions and segments are rewritten in a small buffer between replays. A new turn, a new batch
-  size or a shrinking batch never compiles or traces the model again;
+  positions and segments are rewritten in a small buffer between replays. A new turn, a row that
+  joins or one that ends never compiles or traces the model again;
 - the grammar masks of the whole batch are filled by xgrammar's BatchGrammarMatcher (C++ threads)
   on the CPU while the GPU runs the next forward, then copied (pinned, non-blocking); sampling,
   log-probs and the forced test run on the GPU for the whole batch (compiled once, for any
   number of rows, and captured like the step), and only three small vectors come back a step;
-- when at most half the rows are still live, the batch moves to the smaller bucket: only the live
-  rows' logits move (their keys stay in the pool). Finished rows left in a bucket, and the
-  bucket's padding rows, write and read one scratch position each;
-- a row is reported to `on_finish` the step it ends, so its caller (the episode loop) can start
-  its tool call while the longer rows still generate.
+- the rows move to the smaller bucket when at most half of it is live and to a larger one when
+  arrivals need it: only the live rows' logits move (their keys stay in the pool). Empty rows of
+  a bucket write and read one scratch position each;
+- a row goes to the feed the step it ends, so the episode loop starts its tool call while the
+  other rows still generate.
 
-The pool grows to what a call needs (by a quarter more, to spare regrowth) up to `cache_bytes`
-(on a GPU, by default, half of the memory the process may use); a larger call is generated in consecutive
-chunks of requests that fit. Every request keeps its own sampling key, so chunks give the tokens
-one batch would. A larger pool is a new tensor: its graphs are captured again.
+A row that ends gives back the part of its segment it did not fill and keeps the rest for its
+conversation (kept keys, a cache: the oldest go when a request needs their positions, an ended
+conversation's at once). The pool is sized for what waits (by a quarter more) up to `cache_bytes`
+(on a GPU, by default, half of the memory the process may use). With rows live it grows only by
+copying, while both pools fit the budget; otherwise requests wait for the positions that ending
+rows give back, and when enough are free but in short runs the held segments are packed to the
+front. A larger pool is a new tensor: its graphs are captured again.
 
-`last_timing` holds the last call's CPU seconds: `prefill_s`, `capture_s` (graph capture and the
-sampler's compile), `fill_s` (grammar masks), `launch_s`, `wait_s` (for the GPU), `host_s`
-(accepting tokens, bookkeeping), with `steps`, `shrinks`, `chunks`, `graphs` (captured),
+`last_timing` holds the last serve's CPU seconds: `prefill_s` (admissions), `capture_s` (graph
+capture and the sampler's compile), `fill_s` (grammar masks), `launch_s`, `wait_s` (for the GPU),
+`host_s` (accepting tokens, bookkeeping), `idle_s` (nothing to generate until the feed brought
+more), with `steps`, `rows` (summed over steps), `by_bucket` (steps and seconds per bucket),
+`admissions`, `shrinks`, `graphs` (captured), `pool_grows`, `evicted` (kept keys), `compactions`,
 `prefill_tokens` (the prompt tokens the prefill ran) and `reused_tokens` (those it did not: their
 keys were in the pool).
 
