@@ -48,8 +48,8 @@ def assert_close_in_bf16(a, b) -> None:
 )
 def test_pool_attention_on_cuda_matches_the_row_by_row_float32_attention(rows):
     """Rows of 1 query (decode) and of several (a prompt, a prompt's tail) at scattered segments,
-    grouped heads 4:1: FlashAttention-2 with seqused_k in bf16 against SDPA in float32. A decode
-    step alone (one query a row) goes in with each KV head's query heads as one group."""
+    grouped heads 4:1: FlashAttention-2 with seqused_k in bf16 against SDPA in float32; also a
+    decode step alone (one query a row, where the kernel groups the query heads of a KV head)."""
     torch.manual_seed(0)
     cfg = SimpleNamespace(
         num_hidden_layers=1, num_key_value_heads=2, head_dim=64, hidden_size=512, num_attention_heads=8

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from atlas.config import RuntimeConfig
@@ -197,34 +196,6 @@ def test_pool_attention_row_by_row_equals_attention_over_each_rows_keys():
                 score = (q[0, h, q0 + i] @ ks[:sees, h // 2].T) * 0.5
                 want = score.softmax(-1) @ vs[:sees, h // 2]
                 assert torch.allclose(out[0, q0 + i, h], want, atol=1e-5)
-
-
-def test_a_decode_steps_query_heads_go_in_grouped_by_their_kv_head():
-    """The packing of a decode step's grouped query heads (kv_pool.grouped): row r's query j of KV
-    head g is query head g * groups + j (the head transformers pairs with KV head g), and
-    attending each KV head with its group's queries gives SDPA's grouped-query attention."""
-    torch.manual_seed(0)
-    n, heads, kv_heads, dim, used = 3, 8, 2, 16, 11
-    groups = heads // kv_heads
-    q = torch.randn(n, heads, dim)
-    packed = kv_pool.grouped(q, groups)
-    assert packed.shape == (n * groups, kv_heads, dim)
-    for r in range(n):
-        for j in range(groups):
-            for g in range(kv_heads):
-                assert torch.equal(packed[r * groups + j, g], q[r, g * groups + j])
-    assert torch.equal(kv_pool.ungrouped(packed, groups), q)
-    keys, values = torch.randn(n, used, kv_heads, dim), torch.randn(n, used, kv_heads, dim)
-    out = torch.empty(n * groups, kv_heads, dim)
-    for r in range(n):  # what the kernel does with the packed rows: each sees all `used` keys
-        for g in range(kv_heads):
-            qs = packed[r * groups : (r + 1) * groups, g]  # [groups, dim]
-            w = (qs @ keys[r, :, g].T * dim**-0.5).softmax(-1)
-            out[r * groups : (r + 1) * groups, g] = w @ values[r, :, g]
-    want = F.scaled_dot_product_attention(
-        q[:, :, None], keys.transpose(1, 2), values.transpose(1, 2), enable_gqa=True
-    )[:, :, 0]
-    assert torch.allclose(kv_pool.ungrouped(out, groups), want, atol=1e-5)
 
 
 def test_the_decode_step_and_the_pick_read_no_tensor_on_the_host(tiny_model, monkeypatch):

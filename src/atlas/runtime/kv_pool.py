@@ -12,8 +12,8 @@ are its last tokens):
 
 - on a GPU in half precision through FlashAttention-2's variable-length kernel (the one PyTorch
   ships, aten._flash_attention_forward) with `seqused_k`, so a decode step reads the keys each
-  row has, not a padded cache's; in a decode step the query heads that share a KV head go in as
-  one group (the kernel would otherwise read each KV head once per query head);
+  row has, not a padded cache's; in a decode step (one query a row) the kernel itself takes the
+  query heads that share a KV head as one group, so each KV head is read once for them;
 - otherwise (a CPU, float32) row by row with SDPA, from host copies of the rows' bounds
   (`Layout.rows`): the same function, for the tests, and not capturable.
 
@@ -113,27 +113,6 @@ def pool_attention(
     if lay.copy_src is not None:
         keys.index_copy_(0, lay.copy_dst, k.index_select(0, lay.copy_src))
         values.index_copy_(0, lay.copy_dst, v.index_select(0, lay.copy_src))
-    if lay.rows is None and lay.max_q == 1 and q.shape[1] > k.shape[1]:
-        # A decode step (one query a row) with grouped query heads: the heads that share a KV
-        # head go in as that row's queries of one KV head, so each KV head's keys and values are
-        # read once for its group, not once per query head. They all sit at the row's last
-        # position and see every used key, hence no causal mask.
-        groups = q.shape[1] // k.shape[1]
-        out = torch.ops.aten._flash_attention_forward(
-            grouped(q, groups),
-            keys,
-            values,
-            lay.cu_q * groups,
-            lay.starts,
-            groups,
-            lay.max_k,
-            0.0,
-            False,
-            False,
-            scale=scale,
-            seqused_k=lay.used,
-        )[0]
-        return ungrouped(out, groups).unsqueeze(0), None
     if lay.rows is None:  # FlashAttention-2 (CUDA, half precision; and the meta device of the tests)
         out = torch.ops.aten._flash_attention_forward(
             q.contiguous(),
@@ -162,22 +141,6 @@ def pool_attention(
             F.scaled_dot_product_attention(qs, ks, vs, attn_mask=causal, scale=scale, enable_gqa=True)
         )
     return torch.cat(outs, dim=1).transpose(0, 1).unsqueeze(0), None
-
-
-def grouped(q: torch.Tensor, groups: int) -> torch.Tensor:
-    """[N, heads, D] queries of one position each -> [N * groups, heads // groups, D]: query head
-    h (which attends with KV head h // groups) becomes query h % groups of its row's KV head."""
-    n, heads, dim = q.shape
-    return (
-        q.reshape(n, heads // groups, groups, dim).transpose(1, 2).reshape(n * groups, -1, dim).contiguous()
-    )
-
-
-def ungrouped(out: torch.Tensor, groups: int) -> torch.Tensor:
-    """The inverse of `grouped`: [N * groups, heads // groups, D] -> [N, heads, D]."""
-    rows, kv_heads, dim = out.shape
-    n = rows // groups
-    return out.reshape(n, groups, kv_heads, dim).transpose(1, 2).reshape(n, kv_heads * groups, dim)
 
 
 def _no_mask(*args, **kwargs):
