@@ -480,6 +480,7 @@ def _verl(module: str):
     return pytest.importorskip(module)
 
 
+@pytest.mark.verl
 def test_matches_verl_0_9_1():
     core = _verl("verl.trainer.ppo.core_algos")
     verl_F = _verl("verl.utils.torch_functional")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.verl  # the module skips without verl (tests/ci_skips.py)
 if not os.environ.get("ATLAS_REQUIRE_VERL"):
     pytest.importorskip("verl.experimental.agent_loop.agent_loop")
 

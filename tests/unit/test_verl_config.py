@@ -116,6 +116,7 @@ def report25(hf_model, tmp_path_factory):
     return paths, overrides, compose(overrides)
 
 
+@pytest.mark.verl
 def test_report25_composes_with_the_reports_settings(report25):
     paths, overrides, c = report25
     assert overrides[:2] == ["trainer.use_v1=true", "trainer.v1.trainer_mode=sync"]
@@ -173,6 +174,7 @@ def test_report25_composes_with_the_reports_settings(report25):
     assert c.reward.custom_reward_function.name == "compute_score"
 
 
+@pytest.mark.verl
 @pytest.mark.parametrize("chosen", ["auto", "flash_attention_2", "sdpa"])
 def test_the_attention_reaches_the_hf_configs_verl_builds(hf_model, tmp_path, monkeypatch, chosen):
     """training.verl.attn_implementation becomes the attention of the HF config verl's
@@ -196,6 +198,7 @@ def test_the_attention_reaches_the_hf_configs_verl_builds(hf_model, tmp_path, mo
     assert critic_model.hf_config._attn_implementation == want
 
 
+@pytest.mark.verl
 def test_verl_dataclasses_read_the_composed_sections(report25):
     """The actor and critic sections become verl's own config objects (as its workers build them)."""
     from verl.utils.config import omega_conf_to_dataclass
@@ -209,6 +212,7 @@ def test_verl_dataclasses_read_the_composed_sections(report25):
     assert (critic.model.lora_rank, critic.model.lora_alpha) == (64, 128)
 
 
+@pytest.mark.verl
 def test_every_verl_process_imports_the_critic_and_the_masked_actor_patches(report25):
     from atlas.verl.config import EXTERNAL_MODULES
 
@@ -218,6 +222,7 @@ def test_every_verl_process_imports_the_critic_and_the_masked_actor_patches(repo
     assert value.strip("'").split(",") == list(EXTERNAL_MODULES) == ["atlas.verl.critic", "atlas.verl.actor"]
 
 
+@pytest.mark.verl
 def test_tiny_default_on_one_gpu_composes_and_user_overrides_come_last(hf_model, tmp_path):
     cfg = tiny_verl(
         {"overrides": ["actor_rollout_ref.rollout.n=4"]},
@@ -250,6 +255,7 @@ def test_tiny_default_on_one_gpu_composes_and_user_overrides_come_last(hf_model,
         ("actor_rollout_ref.actor.loss_agg_mode=mean", "loss_agg_mode"),  # a value verl's dataclass refuses
     ],
 )
+@pytest.mark.verl
 def test_a_bad_extra_override_names_itself(hf_model, tmp_path, extra, named):
     cfg = tiny_verl({"overrides": [extra]})
     overrides = verl_overrides(cfg, "zero_potential", verl_paths(tmp_path, hf_model))
@@ -290,6 +296,7 @@ def test_overrides_file_and_command(tmp_path):
     assert VERL_ENTRY == "verl.trainer.main_ppo"
 
 
+@pytest.mark.verl
 def test_values_parse_back_through_hydra():
     _verl("verl")
     from hydra.core.override_parser.overrides_parser import OverridesParser

@@ -31,6 +31,7 @@ def _verl(module: str):
     return pytest.importorskip(module)
 
 
+pytestmark = pytest.mark.verl  # the module skips without verl (tests/ci_skips.py)
 _verl("verl")
 
 import torch.distributed as dist  # noqa: E402

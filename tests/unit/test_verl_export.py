@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+pytestmark = pytest.mark.verl  # the module skips without verl (tests/ci_skips.py)
 if not os.environ.get("ATLAS_REQUIRE_VERL"):
     pytest.importorskip("verl.workers.engine.fsdp.transformer_impl")
 

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+pytestmark = pytest.mark.verl  # the module skips without verl (tests/ci_skips.py)
 if not os.environ.get("ATLAS_REQUIRE_VERL"):
     pytest.importorskip("transfer_queue", reason="TransferQueue comes with the verl environment")
 

@@ -61,6 +61,7 @@ def test_the_resume_point_is_verls_tracker(tmp_path):
     assert verl_latest(tmp_path) == 0
 
 
+@pytest.mark.verl
 def test_a_resumed_launch_moves_them_aside_before_verl_starts(tiny_model, data_dir, tmp_path, monkeypatch):
     """The stage itself (`--dry-run`: prepared, composed through verl's loader, not launched), in
     a checkpoint folder a killed launch left: verl's tracker at 1 step, episodes of steps 1-2."""

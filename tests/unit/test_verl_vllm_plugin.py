@@ -141,6 +141,7 @@ def test_the_source_check_refuses_another_method(tmp_path, monkeypatch):
         vllm_plugin.check_target(str(path), "9.9.9")
 
 
+@pytest.mark.gpu  # vLLM's wheel is built for CUDA machines: CI's CPU machine has none
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (a CUDA wheel) is not installed")
 def test_the_installed_vllm_backend_is_the_one_wrapped():
     spec = importlib.util.find_spec(vllm_plugin.TARGET_MODULE)
