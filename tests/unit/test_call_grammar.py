@@ -12,7 +12,7 @@ import xgrammar as xgr
 
 from atlas.config import ConfigError
 from atlas.runtime.grammar import CallGrammars, arguments_ebnf, grammar_tokenizer_info, structural_tag
-from atlas.runtime.tools import CodeBounds, Tool, gpqa_tools, lcb_tools, token_bound
+from atlas.runtime.tools import UTF8_SLACK_TOKENS, CodeBounds, Tool, gpqa_tools, lcb_tools, token_bound
 
 TOOLS = gpqa_tools(CodeBounds(4, 1))
 OPEN, CLOSE, EOS = 256, 257, 258
@@ -167,7 +167,13 @@ def call_grammar():
 
 def test_the_tag_is_text_then_one_call_then_the_stop_token(call_grammar):
     g, bound = call_grammar
-    assert bound == token_bound(TOOLS, 6)
+    # The longest generation the grammar admits, written out: 6 text tokens, the call tags, the
+    # python call with the longest code string (a run, a surrogate-pair escape, a run), the stop
+    # token. The bound holds it with the UTF-8 slack alone to spare; one byte more is refused.
+    longest = '{"name":"python","arguments":{"code":"aaaa' + r"\ud83d\ude00" + 'aaaa"}}'
+    assert admits(g, "think.", OPEN, longest, CLOSE, stop=True)
+    assert not admits(g, "think.", OPEN, longest.replace('aaaa"', 'aaaaa"'), CLOSE, stop=True)
+    assert bound == 6 + 1 + len(longest.encode()) + 1 + 1 + UTF8_SLACK_TOKENS
     submit = call_text("submit", {"answer": "B"})
     python = call_text("python", {"code": "x=1"})
     assert admits(g, "think.", OPEN, submit, CLOSE, stop=True)
@@ -234,12 +240,18 @@ def test_call_grammars_check_the_bound_and_cache_by_tool_set(tokenizer):
     assert grammars.call_open_id == tokenizer.convert_tokens_to_ids("<tool_call>")
     assert grammars.call_close_id == tokenizer.convert_tokens_to_ids("</tool_call>")
     compiled = grammars.get(lcb)
-    assert (compiled.tools, compiled.token_bound) == (("run_tests", "submit"), bound)
+    longest = '{"name":"run_tests","arguments":{"code":"aaaa' + r"\ud83d\ude00" + 'aaaa"}}'  # written out
+    assert (compiled.tools, compiled.token_bound) == (
+        ("run_tests", "submit"),
+        6 + 1 + len(longest.encode()) + 1 + 1 + UTF8_SLACK_TOKENS,
+    )
     assert grammars.get(dict(reversed(list(lcb.items())))) is compiled  # the same set, any order
     other = {"submit": Tool("submit", "other", lcb["submit"].schema)}
     assert grammars.get(other) is not compiled
     wider = {**lcb, "submit": lcb_tools(CodeBounds(5, 1))["submit"]}  # the same names, another schema
-    assert grammars.get(wider) is not compiled and grammars.get(wider).token_bound == token_bound(wider, 6)
+    # its submit takes code runs of 5: two bytes more, still shorter than run_tests' call
+    assert grammars.get(wider) is not compiled and grammars.get(wider).token_bound == compiled.token_bound
+    assert grammars.get(wider).tools == ("run_tests", "submit")
     reordered = {
         n: Tool(t.name, t.description, dict(reversed(list(t.schema.items())))) for n, t in lcb.items()
     }

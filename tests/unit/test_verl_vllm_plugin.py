@@ -12,8 +12,10 @@ against its real backend module (the H200 run logs the plugin's line from vLLM's
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.metadata
 import importlib.util
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -119,9 +121,27 @@ def test_the_wrapped_set_up_compiles_on_our_table(episodes, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-def test_register_does_nothing_unless_enabled(monkeypatch):
+def test_register_does_nothing_unless_enabled(monkeypatch, tmp_path):
+    """A stand-in for vLLM's xgrammar backend module: without the flag register() leaves its
+    method as it is; with it, register() reaches the module and checks its source (which this
+    stand-in fails, naming the method)."""
+    import types
+
+    source = tmp_path / "backend_xgrammar.py"
+    source.write_text("class XgrammarBackend:\n    def __post_init__(self):\n        self.compiler = 1\n")
+    module = types.ModuleType(vllm_plugin.TARGET_MODULE)
+    module.__file__ = str(source)
+    exec(compile(source.read_text(), str(source), "exec"), module.__dict__)  # noqa: S102 (the stand-in)
+    original = module.XgrammarBackend.__post_init__
+    monkeypatch.setitem(sys.modules, vllm_plugin.TARGET_MODULE, module)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.0-test")
     monkeypatch.delenv(vllm_plugin.ENABLE_ENV, raising=False)
-    vllm_plugin.register()  # would import vLLM (absent on CPU) if it acted
+    vllm_plugin.register()
+    assert module.XgrammarBackend.__post_init__ is original
+    monkeypatch.setenv(vllm_plugin.ENABLE_ENV, "1")
+    with pytest.raises(vllm_plugin.VllmPluginError, match=r"XgrammarBackend\.__post_init__ \(sha256"):
+        vllm_plugin.register()
+    assert module.XgrammarBackend.__post_init__ is original  # refused before wrapping
 
 
 def test_the_source_check_refuses_another_method(tmp_path, monkeypatch):
