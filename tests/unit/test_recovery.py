@@ -80,6 +80,7 @@ def test_verl_checkpoints_are_sealed_then_checked(tmp_path):
     (folder / VERL_TRACKER).write_text("2")  # step 3's save did not finish
     event = check_verl_checkpoints(root, folder, "run")
     assert event["moved"] == ["global_step_3"]
+    assert (folder / VERL_TRACKER).read_text() == "2"  # the last good step of two, not the first
     assert (folder / "global_step_1" / MANIFEST).is_file() and (folder / "global_step_2" / MANIFEST).is_file()
     assert (tmp_path / "run.corrupt-1" / "verl" / "checkpoints" / "global_step_3").is_dir()
     assert check_verl_checkpoints(root, folder, "run") is None
