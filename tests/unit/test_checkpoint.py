@@ -95,6 +95,8 @@ def test_latest_checkpoint_skips_incomplete_folders(tiny_model, tmp_path):
     assert latest_checkpoint(root).name == "step_3"
     with pytest.raises(FileExistsError):
         save_compact(root, 3, ac, opts, scheds, {})
+    save_compact(root, 10, ac, opts, scheds, {})
+    assert latest_checkpoint(root).name == "step_10"  # by number: "step_10" sorts before "step_3"
 
 
 def test_exported_adapters_and_head(tiny_model, tmp_path):
