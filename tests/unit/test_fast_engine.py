@@ -578,3 +578,19 @@ def test_a_pool_too_small_for_the_next_batch_is_sized_for_it_before_rows_run(run
     gens = fast.generate(requests)
     assert fast.pool.positions >= need and fast.last_timing["admissions"] == 1
     assert fast.last_timing["steps"] == max(len(g.token_ids) for g in gens)
+
+
+def test_a_feed_that_promises_more_but_has_none_in_flight_is_an_error(runtime):
+    """A blocking poll that brings nothing while the feed says more will come would spin the
+    engine forever: it stops with the feed's name instead."""
+    from atlas.runtime.engine import Arrivals
+
+    class Stuck:
+        def poll(self, block=False, settle=False):
+            return Arrivals([], [], more=True)
+
+        def finished(self, tag, gen):
+            raise AssertionError("nothing was asked")
+
+    with pytest.raises(RuntimeError, match="Stuck: more requests due, none in flight"):
+        eager_static_engine(runtime).serve(Stuck())

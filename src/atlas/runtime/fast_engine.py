@@ -579,6 +579,8 @@ class _Run:
                 t = time.perf_counter()  # nothing to generate until the feed brings more
                 self.arrive(self.feed.poll(block=True))
                 e._clock["idle_s"] += time.perf_counter() - t
+                if not self.waiting and self.more:  # a blocking poll brought nothing, yet more is due
+                    raise RuntimeError(f"{type(self.feed).__name__}: more requests due, none in flight")
             if not rows and not self.waiting:
                 if not self.more:
                     return
