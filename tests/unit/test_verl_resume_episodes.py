@@ -11,7 +11,7 @@ import yaml
 
 from atlas.config import config_slice
 from atlas.rl.recovery import VERL_TRACKER, verl_latest
-from atlas.verl.convert import read_episodes, retire_episodes
+from atlas.verl.convert import VerlOutputError, read_episodes, retire_episodes
 from conftest import REPO
 
 
@@ -34,16 +34,14 @@ def test_a_resume_moves_aside_what_verl_writes_again(tmp_path):
         "train/global_step_2",
         "val/global_step_0",
     ]
-    assert (aside / "train/global_step_3/q_0__0.json").is_file()
-    assert (aside / "val/global_step_2/q_1__0.json").is_file()
+    moved = sorted(p.relative_to(aside).as_posix() for p in aside.rglob("*.json"))
+    assert moved == ["train/global_step_3/q_0__0.json", "val/global_step_2/q_1__0.json"]
+    assert json.loads((aside / moved[0]).read_text()) == {"name": "q_0__0"}  # moved whole, not rewritten
+    assert json.loads((aside / moved[1]).read_text()) == {"name": "q_1__0"}
     # the rerun's step 3 lost its only sample: counted short, not filled by the old file
     (episodes / "train/global_step_3/failed").mkdir(parents=True)
-    try:
+    with pytest.raises(VerlOutputError, match="0 episodes, expected 1"):
         read_episodes(episodes / "train/global_step_3", 1)
-    except Exception as err:  # VerlOutputError, with the count
-        assert "0 episodes, expected 1" in str(err)
-    else:
-        raise AssertionError("a step without its episode was read")
     # nothing past 3 steps: None; no checkpoint (0 steps done): every step and point goes
     assert retire_episodes(episodes, 3) is None
     second = retire_episodes(episodes, 0)
