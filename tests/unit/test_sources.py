@@ -22,6 +22,15 @@ def test_model_stage_does_not_run_the_readers():
     assert not any(f.startswith("src/atlas/data/") for f in files)
 
 
+def test_validation_does_not_run_the_checks_code():
+    """An edit to a check reruns the checks, not every validation: validation raises the same
+    CheckFailed, which lives in atlas.errors, not beside the checks."""
+    files = module_files("atlas.stages.validation", relative_to=REPO)
+    assert "src/atlas/stages/validation.py" in files and "src/atlas/errors.py" in files
+    assert not any(f.startswith("src/atlas/checks/") for f in files)
+    assert "src/atlas/checks/compact.py" in module_files("atlas.stages.checks", relative_to=REPO)
+
+
 def test_imports_inside_functions_and_relative_imports_count(tmp_path):
     pkg = tmp_path / "atlas"
     (pkg / "sub").mkdir(parents=True)

@@ -15,14 +15,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from atlas.errors import InputError
+from atlas.errors import CheckFailed
 from atlas.hashing import sha256_file
 from atlas.model.policy import ROLES
-
-
-class CheckFailed(InputError):
-    """A check found what it exists to catch; the message names the file and the tensor."""
-
 
 ADAPTER = re.compile(r"\.(lora_[AB])\.[A-Za-z0-9_]+\.")
 OPTIM_FIELDS = ("exp_avg", "exp_avg_sq", "step")

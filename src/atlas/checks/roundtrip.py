@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from atlas.checks.compact import CheckFailed
 from atlas.contracts.parquet import read_table
+from atlas.errors import CheckFailed
 from atlas.model.policy import ROLES, ActorCritic
 from atlas.rl.checkpoint import load_compact, load_trainable, save_compact, save_trainable
 

@@ -18,7 +18,7 @@ import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atlas.chat import CALL_CLOSE, CALL_OPEN, IM_END
-from atlas.config import ModelConfig
+from atlas.config import ModelSlice
 from atlas.errors import InputError
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.model.shapes import SHAPES, model_tokenizer, shape_model
@@ -53,7 +53,7 @@ def check_saved(folder, model, tokenizer) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = stage_parser(__doc__.splitlines()[0]).parse_args(argv)
-    spec = ModelConfig.model_validate(args.config_slice["model"])
+    spec = ModelSlice.model_validate(args.config_slice).model
     if spec.tiny is None:
         raise InputError(f"model.tiny is not set: model {spec.name!r} is read from {spec.path}, not built")
 

@@ -35,7 +35,6 @@ import torch
 from peft import PeftModel
 
 from atlas.checks.compact import (
-    CheckFailed,
     adapter_hashes,
     base_parameter_names,
     compact_checkpoint_validation,
@@ -55,6 +54,7 @@ from atlas.checks.roundtrip import (
 )
 from atlas.config import ChecksSlice
 from atlas.contracts.parquet import read_table
+from atlas.errors import CheckFailed
 from atlas.hashing import atomic_dir, atomic_write_json, is_bookkeeping, write_manifest
 from atlas.model.liger import applied, apply_liger
 from atlas.rl.checkpoint import load_trainable

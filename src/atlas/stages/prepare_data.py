@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from atlas.config import DataConfig, ScheduleConfig
+from atlas.config import DataConfig, DataSlice
 from atlas.contracts.questions import TESTS_SCHEMA, TRAIN_SCHEMA, VAL_SCHEMA
 from atlas.data.gpqa import read_gpqa
 from atlas.data.lcb import read_lcb
@@ -81,8 +81,8 @@ def write_parquet(path: Path, rows: list[dict], schema: pa.Schema) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = stage_parser(__doc__.splitlines()[0]).parse_args(argv)
-    data = DataConfig.model_validate(args.config_slice["data"])
-    schedule = ScheduleConfig.model_validate(args.config_slice["schedule"])
+    sl = DataSlice.model_validate(args.config_slice)
+    data, schedule = sl.data, sl.schedule
 
     train = read_split(data, "train")
     val = read_split(data, "val")

@@ -33,10 +33,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from atlas.checks.compact import CheckFailed
 from atlas.config import ValidationSlice
 from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.contracts.runs import ANSWERS_SCHEMA, arrow_table
+from atlas.errors import CheckFailed
 from atlas.graders.sandbox import require_sandbox
 from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
 from atlas.model.policy import ActorCritic
