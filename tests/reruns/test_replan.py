@@ -42,6 +42,9 @@ MATRIX = [
     ("runtime/rollouts.py", AFTER_TRAINING | BASE, AFTER_TRAINING | BASE),
     ("stages/validation.py", TRAINED | BASE | {"report"}, TRAINED | BASE | {"report"}),
     ("checks/roundtrip.py", CHECKS | DISTRIBUTED | {"report"}, CHECKS | DISTRIBUTED | {"report"}),
+    # The compact-checkpoint checks: the checks alone (validation raises the same CheckFailed, from
+    # atlas.errors, and runs none of them).
+    ("checks/compact.py", CHECKS | {"report"}, CHECKS | {"report"}),
     ("stages/smoke.py", {"smoke", "report"}, {"smoke", "report"}),
     (
         "graders/lcb.py",
