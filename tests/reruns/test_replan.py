@@ -45,6 +45,10 @@ MATRIX = [
     # The compact-checkpoint checks: the checks alone (validation raises the same CheckFailed, from
     # atlas.errors, and runs none of them).
     ("checks/compact.py", CHECKS | {"report"}, CHECKS | {"report"}),
+    # The tables' contracts: a run folder's reruns training and what reads it; full validation's
+    # answers rerun the validations alone (and the report).
+    ("contracts/runs.py", AFTER_TRAINING, AFTER_TRAINING),
+    ("contracts/answers.py", TRAINED | BASE | {"report"}, TRAINED | BASE | {"report"}),
     ("stages/smoke.py", {"smoke", "report"}, {"smoke", "report"}),
     (
         "graders/lcb.py",

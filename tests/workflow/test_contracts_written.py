@@ -35,4 +35,4 @@ def test_the_pipeline_run_writes_its_contracts(pipeline):
     )
     for policy in ("base", "zero_potential", "frozen_potential"):
         answers = results / "validation" / policy / "answers.parquet"
-        assert pq.read_schema(answers).remove_metadata() == runs.ANSWERS_SCHEMA
+        assert pq.read_schema(answers).remove_metadata() == answers.ANSWERS_SCHEMA

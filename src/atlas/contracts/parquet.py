@@ -1,4 +1,5 @@
-"""Reading one parquet file of the contracts' (a stage's input, a run's table, a journal part)."""
+"""Reading one parquet file of the contracts' (a stage's input, a run's table, a journal part), and
+building one to a contract's schema."""
 
 from __future__ import annotations
 
@@ -17,3 +18,13 @@ def read_table(path: str | Path) -> pa.Table:
             return f.read()
     except pa.ArrowInvalid as e:
         raise pa.ArrowInvalid(f"{path}: {e}") from e
+
+
+def arrow_table(rows: list[dict], schema: pa.Schema, what: str) -> pa.Table:
+    """`rows` as a table of exactly `schema` (absent keys are null); a key the schema does not
+    declare is an error naming it, never a column dropped or added on the quiet."""
+    names = set(schema.names)
+    extra = sorted({k for row in rows for k in row} - names)
+    if extra:
+        raise ValueError(f"{what}: columns {extra} are not in its schema (atlas.contracts)")
+    return pa.Table.from_pylist(rows, schema=schema)

@@ -1,11 +1,11 @@
-"""The derived tables of run and validation folders, and the step-metric catalogue, as fixed
-pyarrow schemas. The writers (atlas.rl.journal, the dose step, full validation) build their
-tables with `table()`, so a column outside its contract is an error, not a silent new column.
+"""The derived tables of a run folder, and the step-metric catalogue, as fixed pyarrow schemas.
+The writers (atlas.rl.journal, the dose step) build their tables with `table()`, so a column
+outside its contract is an error, not a silent new column. (Full validation's answers are
+atlas.contracts.answers': editing one never reruns the other's writers.)
 
     results/runs/<run>/step_metrics.parquet      STEP_METRICS_SCHEMA (the dose step: DOSE_STEP_...)
     results/runs/<run>/call_advantages.parquet   CALL_ADVANTAGES_SCHEMA (the dose step: DOSE_CALL_...)
     results/runs/<run>/validation.parquet        VALIDATION_CURVE_SCHEMA
-    results/validation/<policy>/answers.parquet  ANSWERS_SCHEMA
 
 The metric names are verl's where verl has one. What each means is documented with the report's
 columns (atlas.report.tables), so editing a description reruns the report alone.
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import polars as pl
 import pyarrow as pa
+
+from atlas.contracts.parquet import arrow_table
 
 # The step metrics every training step writes, in column order. Measured columns (timing_s/*,
 # perf/*) differ run to run; every other metric is reproducible.
@@ -135,29 +137,6 @@ VALIDATION_CURVE_SCHEMA = pa.schema(
         pa.field("completed_fraction", pa.float64()),
     ]
 )
-
-# One row per full-validation trajectory.
-ANSWERS_SCHEMA = pa.schema(
-    [
-        pa.field("question_uid", pa.string()),
-        pa.field("source", pa.string()),
-        pa.field("sample", pa.int64()),
-        pa.field("final_answer", pa.string()),
-        pa.field("score", pa.float64()),
-        pa.field("completed", pa.bool_()),
-        pa.field("turns", pa.int64()),
-    ]
-)
-
-
-def arrow_table(rows: list[dict], schema: pa.Schema, what: str) -> pa.Table:
-    """`rows` as a table of exactly `schema` (absent keys are null); a key the schema does not
-    declare is an error naming it, never a column dropped or added on the quiet."""
-    names = set(schema.names)
-    extra = sorted({k for row in rows for k in row} - names)
-    if extra:
-        raise ValueError(f"{what}: columns {extra} are not in its schema (atlas.contracts.runs)")
-    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def table(rows: list[dict], schema: pa.Schema, what: str) -> pl.DataFrame:

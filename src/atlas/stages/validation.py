@@ -34,8 +34,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from atlas.config import ValidationSlice
+from atlas.contracts.answers import ANSWERS_SCHEMA
+from atlas.contracts.parquet import arrow_table
 from atlas.contracts.protocol import PINNED_COUNTS
-from atlas.contracts.runs import ANSWERS_SCHEMA, arrow_table
 from atlas.errors import CheckFailed
 from atlas.graders.sandbox import require_sandbox
 from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
