@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from atlas.contracts import runs
+from atlas.contracts.answers import ANSWERS_SCHEMA
 from atlas.contracts.records import RECORD_SCHEMA, TRAJECTORY_SCHEMA
 
 
@@ -35,4 +36,4 @@ def test_the_pipeline_run_writes_its_contracts(pipeline):
     )
     for policy in ("base", "zero_potential", "frozen_potential"):
         answers = results / "validation" / policy / "answers.parquet"
-        assert pq.read_schema(answers).remove_metadata() == answers.ANSWERS_SCHEMA
+        assert pq.read_schema(answers).remove_metadata() == ANSWERS_SCHEMA
