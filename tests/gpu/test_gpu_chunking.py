@@ -9,10 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atlas.config import RuntimeConfig
-from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.fast_engine import StaticEngine
 from atlas.runtime.session import make_runtime
-from unit.test_fast_engine import FollowUps, requests_for
+from unit.test_fast_engine import FollowUps, conversations, requests_for
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -56,22 +55,14 @@ def test_a_follow_up_joins_captured_rows_and_nothing_is_compiled_again(cuda_runt
 
     rt = cuda_runtime
     fast = engine(rt, min_batch=1, admit_wait=0)
-    base = requests_for(rt, 4)
-
-    def first():
-        return [
-            GenerationRequest(r.prompt_ids, r.grammar, n, r.seed, cache_key=object())
-            for r, n in zip(base, (4, 6, 1000, 1000), strict=True)
-        ]
-
-    feed = FollowUps(rt, first(), follow_max_new=5)
+    feed = FollowUps(rt, conversations(rt), follow_max_new=5)
     fast.serve(feed)
     long_ = max((2, 3), key=lambda t: len(feed.outs[t].token_ids))
     assert len(feed.outs[long_].token_ids) > 11
     assert feed.order.index(100) < feed.order.index(long_) and feed.order.index(101) < feed.order.index(long_)
     assert fast.last_timing["admissions"] >= 2 and fast.last_timing["reused_tokens"] > 0
     captured, compiled = fast.captures, counters["stats"]["unique_graphs"]
-    again = FollowUps(rt, first(), follow_max_new=5)
+    again = FollowUps(rt, conversations(rt), follow_max_new=5)
     fast.serve(again)
     assert fast.captures == captured and counters["stats"]["unique_graphs"] == compiled
     assert fast.last_timing["graphs"] == 0

@@ -449,15 +449,21 @@ class FollowUps:
             self.ready.append((100 + tag, follow))
 
 
+def conversations(rt, caps=(4, 6, 1000, 1000)):
+    """Requests that open conversations (a new cache key each), with these token caps; by default
+    two that end within a few tokens and two long ones, whose follow-ups (FollowUps) arrive while
+    the long ones still run."""
+    return [
+        GenerationRequest(r.prompt_ids, r.grammar, n, r.seed, cache_key=object())
+        for r, n in zip(requests_for(rt, len(caps)), caps, strict=True)
+    ]
+
+
 def test_a_follow_up_joins_the_running_rows_and_equals_a_batch_of_its_own(runtime):
     """Continuous batching: a request that arrives while other rows generate joins them at the
     next step (its prompt prefilled, its conversation's keys reused) and ends before the longest
     first request does; every generation equals the HF engine's of the same request alone."""
-    base = requests_for(runtime, 4)
-    first = [
-        GenerationRequest(r.prompt_ids, r.grammar, n, r.seed, cache_key=object())
-        for r, n in zip(base, (4, 6, 1000, 1000), strict=True)
-    ]
+    first = conversations(runtime)
     fast = eager_static_engine(runtime, min_batch=1, admit_wait=0)
     feed = FollowUps(runtime, first, follow_max_new=5)
     fast.serve(feed)
@@ -479,8 +485,7 @@ def test_kept_keys_are_evicted_when_the_pool_is_full_and_tokens_stay_the_same(ru
     """A budget that holds the running rows but not every conversation's kept keys: the oldest
     kept keys are evicted for a new request (it then computes its whole prompt), with the same
     tokens."""
-    base = requests_for(runtime, 4)
-    first = [GenerationRequest(r.prompt_ids, r.grammar, 3, r.seed, cache_key=object()) for r in base]
+    first = conversations(runtime, caps=(3, 3, 3, 3))
     probe = eager_static_engine(runtime, min_batch=1, max_rows=4)
     probe._new_pool(100_000)  # room for every segment: nothing is evicted
     roomy = FollowUps(runtime, first, follow_max_new=3)
@@ -537,15 +542,7 @@ def test_compacting_at_every_admission_changes_no_token(runtime, monkeypatch):
     and kept keys moved): the same generations as without."""
     from atlas.runtime import fast_engine
 
-    base = requests_for(runtime, 4)
-
-    def first():
-        return [
-            GenerationRequest(r.prompt_ids, r.grammar, n, r.seed, cache_key=object())
-            for r, n in zip(base, (4, 6, 1000, 1000), strict=True)
-        ]
-
-    plain = FollowUps(runtime, first(), follow_max_new=5)
+    plain = FollowUps(runtime, conversations(runtime), follow_max_new=5)
     eager_static_engine(runtime, min_batch=1, admit_wait=0).serve(plain)
     admit = fast_engine._Run.admit
 
@@ -556,7 +553,7 @@ def test_compacting_at_every_admission_changes_no_token(runtime, monkeypatch):
 
     monkeypatch.setattr(fast_engine._Run, "admit", compacting)
     fast = eager_static_engine(runtime, min_batch=1, admit_wait=0)
-    moved = FollowUps(runtime, first(), follow_max_new=5)
+    moved = FollowUps(runtime, conversations(runtime), follow_max_new=5)
     fast.serve(moved)
     assert fast.last_timing["compactions"] >= 2 and fast.last_timing["reused_tokens"] > 0
     for tag in plain.outs:
