@@ -488,10 +488,7 @@ class StaticEngine:
                 src.append(start + np.arange(n))
                 dst.append(starts[i] + np.arange(n))
         if src:
-            src_t = torch.from_numpy(np.concatenate(src)).to(self.device)
-            dst_t = torch.from_numpy(np.concatenate(dst)).to(self.device)
-            for layer in self.pool.kv:  # [2, positions, heads, dim]; read out before any write
-                layer.index_copy_(1, dst_t, layer.index_select(1, src_t))
+            self.pool.move(np.concatenate(src), np.concatenate(dst))
         for r in requests:
             if r.cache_key is not None:
                 self._forget(r.cache_key)  # copied out, or stale
@@ -717,10 +714,7 @@ class _Run:
                 e._kept[owner] = (e._kept[owner][0], at)
             at += size
         if src:
-            src_t = torch.from_numpy(np.concatenate(src)).to(e.device)
-            dst_t = torch.from_numpy(np.concatenate(dst)).to(e.device)
-            for layer in e.pool.kv:  # [2, positions, heads, dim]; read out before any write
-                layer.index_copy_(1, dst_t, layer.index_select(1, src_t))
+            e.pool.move(np.concatenate(src), np.concatenate(dst))
         e.segments = Segments(e.pool.positions)
         e.segments.take(at)
         e._clock["compactions"] += 1

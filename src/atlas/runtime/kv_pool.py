@@ -64,6 +64,14 @@ class KVPool:
             (self.layers, 2, positions, self.kv_heads, self.head_dim), device=device, dtype=dtype
         )
 
+    def move(self, src, dst) -> None:
+        """Every layer's keys and values at positions `src` copied to positions `dst` (index
+        arrays of one length); all of a layer's sources are read before any is written."""
+        device = self.kv.device
+        src_t, dst_t = torch.as_tensor(src, device=device), torch.as_tensor(dst, device=device)
+        for layer in self.kv:  # [2, positions, heads, dim]
+            layer.index_copy_(1, dst_t, layer.index_select(1, src_t))
+
     @staticmethod
     def position_bytes(config, dtype) -> int:
         """Bytes of one position: a key and a value in every layer."""
