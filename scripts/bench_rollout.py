@@ -34,6 +34,9 @@ episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the sc
              the GPU, host bookkeeping, and `idle_s` (no row to generate: every live episode's
              tool running); with steps, rows per step and admissions.
 
+`--decode-attention flash` runs the engines' decode steps through FlashAttention-2 instead of
+the split kernel (atlas.runtime.decode_attention; scripts/bench_attention.py times the two alone).
+
 Prints one table per mode and writes everything as JSON to `--out`.
 """
 
@@ -142,6 +145,16 @@ class Policy:
         self.rt, self.serving = rollout_runtime(self.ac, tokenizer, cfg.training, cfg.runtime, device)
 
 
+def with_attention(rt, args):
+    """The runtime with its engine's decode attention set by --decode-attention (before any call:
+    a captured step bakes in its kernel)."""
+    if args.decode_attention is not None:
+        if getattr(rt.engine, "captures", 0):
+            raise RuntimeError("--decode-attention: the engine has captured steps already")
+        rt.engine.decode_attention = args.decode_attention
+    return rt
+
+
 def generation_mode(args, base, tokenizer, cfg, device, policy) -> dict:
     runtime = cfg.runtime
     arms = {}
@@ -154,7 +167,7 @@ def generation_mode(args, base, tokenizer, cfg, device, policy) -> dict:
             "adapters": pol and pol.ac.peft,
             "merged": pol and pol.serving and pol.serving.model,
         }[arm]
-        rt = make_runtime(model, tokenizer, runtime)
+        rt = with_attention(make_runtime(model, tokenizer, runtime), args)
         reqs = tool_requests(
             rt,
             questions=args.questions,
@@ -180,8 +193,30 @@ def generation_mode(args, base, tokenizer, cfg, device, policy) -> dict:
     return dict(new_tokens=args.new, batch=args.questions * args.samples, arms=arms)
 
 
-TIMING = ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s", "idle_s")
-COUNTS = ("steps", "rows", "admissions", "shrinks", "graphs", "pool_grows", "evicted", "compactions")
+TIMING = (
+    "prefill_s",
+    "capture_s",
+    "fill_s",
+    "launch_s",
+    "wait_s",
+    "host_s",
+    "feed_s",
+    "idle_s",
+    "gpu_s",
+    "prefill_gpu_s",
+)
+COUNTS = (
+    "steps",
+    "rows",
+    "admissions",
+    "shrinks",
+    "graphs",
+    "pool_grows",
+    "evicted",
+    "compactions",
+    "prefill_tokens",
+    "reused_tokens",
+)
 
 
 def timed_rollout(
@@ -225,12 +260,12 @@ def timed_rollout(
     seconds = time.perf_counter() - t
     tokens = sum(r.generated_tokens for ep in episodes for r in ep.records)
     engine_clock = {k: sum(c.get(k, 0) for c in calls) for k in ("seconds", *TIMING, *COUNTS)}
-    by_bucket = {}  # rows of a bucket -> [steps, seconds], over the rollout's engine calls
+    by_bucket = {}  # rows of a bucket -> [steps, seconds, GPU seconds], over the rollout's engine calls
     for c in calls:
-        for rows, (steps, secs) in c.get("by_bucket", {}).items():
-            by_bucket.setdefault(rows, [0, 0.0])
-            by_bucket[rows][0] += steps
-            by_bucket[rows][1] += secs
+        for rows, figures in c.get("by_bucket", {}).items():
+            total = by_bucket.setdefault(rows, [0, 0.0, 0.0])
+            for k, v in enumerate(figures):
+                total[k] += v
     engine_clock["by_bucket"] = dict(sorted(by_bucket.items()))
     engine_clock["rows_per_step"] = engine_clock["rows"] / max(1, engine_clock["steps"])
     run = dict(
@@ -252,6 +287,7 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
     training = cfg.training
     # the trainer's rollout runtime (its own engine, over the merged copy on a GPU), or the base's
     rt = policy().rt if args.episode_model == "merged" else make_runtime(base, tokenizer, cfg.runtime)
+    rt = with_attention(rt, args)
     data = args.data
     train_rows = read_questions(data / "train.parquet")
     tests = read_tests(data / "tests.parquet")
@@ -325,6 +361,18 @@ def print_episode(res: dict) -> None:
             f"  {name:24s} {k:3d} {run['tokens']:7d} {run['seconds']:7.2f} {run['tokens_per_s']:7.0f} "
             f"{c['seconds']:7.2f} {cells} {c['steps']:5d} {c['rows_per_step']:9.1f} {c['admissions']:6d}"
         )
+    name, _, run = runs[-1]
+    c = run["engine"]
+    print(f"  {name}, last run, by bucket (GPU: the device's seconds in the steps' picks and forwards)")
+    print(f"    {'rows':>6s} {'steps':>6s} {'seconds':>8s} {'GPU s':>8s} {'ms/step':>8s} {'GPU ms':>7s}")
+    for rows, (steps, wall, gpu) in c["by_bucket"].items():
+        print(
+            f"    {rows:6d} {steps:6d} {wall:8.3f} {gpu:8.3f} {1e3 * wall / steps:8.2f} {1e3 * gpu / steps:7.2f}"
+        )
+    print(
+        f"    {'admit':>6s} {c['admissions']:6d} {c['prefill_s']:8.3f} {c['prefill_gpu_s']:8.3f} "
+        f"(prefill tokens {c.get('prefill_tokens', 0)}, reused {c.get('reused_tokens', 0)})"
+    )
 
 
 def main() -> None:
@@ -353,6 +401,11 @@ def main() -> None:
     )
     for name, default in dict(questions=32, samples=8, new=128, repeats=2).items():
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument(
+        "--decode-attention",
+        choices=("split", "flash"),
+        help="the engine's decode-step attention (default: the engine's, split on a GPU)",
+    )
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", type=Path, help="profile the last arm's last generation call into this file")
     p.add_argument(
@@ -387,6 +440,7 @@ def main() -> None:
         model=str(args.model) if args.model else cfg.model.shape,
         vocab=len(tokenizer),
         lora_rank=cfg.training.lora_rank,
+        decode_attention=args.decode_attention or "the engine's default",
         gpu_memory_gb=claim,
     )
     policy = functools.cache(lambda: Policy(base, tokenizer, cfg, device))  # built once, if an arm needs it

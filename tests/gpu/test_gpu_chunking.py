@@ -70,3 +70,40 @@ def test_a_follow_up_joins_captured_rows_and_nothing_is_compiled_again(cuda_runt
         feed.outs[t].token_ids for t in sorted(feed.outs)
     ]
     torch.cuda.synchronize()
+
+
+def test_an_admission_never_makes_the_host_wait_for_the_gpu(cuda_runtime, monkeypatch):
+    """Follow-ups join a warm engine's rows without a host synchronisation: their indices reach
+    the device through pinned memory, queued behind the running step's forward (a copy from
+    pageable memory would first wait for it), so the CPU prepares the admission while the GPU
+    works. CUDA's sync debug mode raises on any synchronising copy or read."""
+    from atlas.runtime import fast_engine
+
+    rt = cuda_runtime
+    fast = engine(rt, min_batch=1, admit_wait=0)
+    first = FollowUps(rt, conversations(rt), follow_max_new=5)
+    fast.serve(first)  # warm: the pool, the buckets' graphs, the sampler's compile
+    admit, admitted = fast_engine._Run.admit, []
+
+    def strict(run):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            admit(run)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        admitted.append(run.step)
+
+    monkeypatch.setattr(fast_engine._Run, "admit", strict)
+    again = FollowUps(rt, conversations(rt), follow_max_new=5)
+    fast.serve(again)
+    assert len(admitted) >= 2 and fast.last_timing["reused_tokens"] > 0  # the follow-ups' admissions ran
+    assert (
+        fast.last_timing["prefill_gpu_s"] > 0
+        and fast.last_timing["gpu_s"] > fast.last_timing["prefill_gpu_s"]
+    )
+    steps = fast.last_timing["by_bucket"]
+    assert all(gpu > 0 for _, _, gpu in steps.values())  # every bucket's steps ran on the device
+    assert [again.outs[t].token_ids for t in sorted(again.outs)] == [
+        first.outs[t].token_ids for t in sorted(first.outs)
+    ]
+    torch.cuda.synchronize()

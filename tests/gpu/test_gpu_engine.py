@@ -90,6 +90,69 @@ def test_pool_attention_on_cuda_matches_the_row_by_row_float32_attention(rows):
     assert torch.equal(bf.kv[0, 0, write], k[0].transpose(0, 1))  # the forward's keys, where it said
 
 
+@pytest.mark.parametrize("splits", [1, 2, 8, 16])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 2, 64), (16, 8, 128)])
+def test_split_decode_attention_matches_the_row_by_row_float32_attention(splits, heads, kv_heads, dim):
+    """The decode step's split attention (atlas.runtime.decode_attention) on scattered segments
+    whose used keys end inside, at and past a 64-key block, and rows shorter than the splits,
+    against SDPA in float32; the keys the step writes land where the layout says."""
+    torch.manual_seed(splits)
+    cfg = SimpleNamespace(
+        num_hidden_layers=1,
+        num_key_value_heads=kv_heads,
+        head_dim=dim,
+        hidden_size=heads * dim,
+        num_attention_heads=heads,
+    )
+    rows = [(1, 0), (63, 10), (64, 100), (65, 300), (777, 400), (2000, 1200), (129, 3300), (5, 3500)]
+    bf = KVPool(cfg, 4096, "cuda", torch.bfloat16)
+    bf.kv.normal_()
+    fp = KVPool(cfg, 4096, "cuda", torch.float32)
+    q = torch.randn(1, heads, len(rows), dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, kv_heads, len(rows), dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    write = [start + used - 1 for used, start in rows]
+
+    def layout(pool, host_rows, n_splits):
+        return Layout(
+            pool=pool,
+            write_at=torch.tensor(write, device="cuda"),
+            cu_q=torch.arange(len(rows) + 1, dtype=torch.int32, device="cuda"),
+            starts=torch.tensor([s for _, s in rows] + [0], dtype=torch.int32, device="cuda"),
+            used=torch.tensor([u for u, _ in rows], dtype=torch.int32, device="cuda"),
+            max_q=1,
+            max_k=4096,
+            rows=host_rows,
+            splits=n_splits,
+        )
+
+    module = SimpleNamespace(layer_idx=0)
+    out, _ = pool_attention(module, q, k, v, None, scaling=dim**-0.5, atlas_kv=layout(bf, None, splits))
+    fp.kv.copy_(bf.kv)  # the keys the step wrote, in float32
+    bounds = [(i, i + 1, start, used) for i, (used, start) in enumerate(rows)]
+    ref, _ = pool_attention(
+        module, q.float(), k.float(), v.float(), None, scaling=dim**-0.5, atlas_kv=layout(fp, bounds, None)
+    )
+    assert out.shape == ref.shape == (1, len(rows), heads, dim)
+    assert (out.float() - ref).abs().max().item() < 2e-2
+    assert torch.equal(bf.kv[0, 1, write], v[0].transpose(0, 1))
+
+
+def test_split_and_flash_decode_attention_generate_alike_when_captured(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
+    rt = make_runtime(model, AutoTokenizer.from_pretrained(tiny_model), RuntimeConfig())
+    fast = rt.engine
+    assert fast.decode_attention == "split"  # the default on CUDA
+    flash = StaticEngine(
+        model,
+        fast.vocab_size,
+        fast.stop_token_ids,
+        banned_token_ids=rt.grammars.banned_token_ids,
+        decode_attention="flash",
+    )
+    requests = requests_for(rt, 12)
+    assert_close_in_bf16(flash.generate(requests), fast.generate(requests))
+
+
 def test_captured_engine_matches_its_eager_self_and_hf_and_a_new_turn_captures_nothing(tiny_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)

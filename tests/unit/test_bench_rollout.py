@@ -48,7 +48,9 @@ def test_the_episode_clock_counts_the_records_tokens_in_both_schedules(tiny_mode
         assert run["tokens_per_s"] == run["tokens"] / run["seconds"]
         assert run["seconds"] >= run["engine"]["seconds"] > 0
         by_bucket = run["engine"]["by_bucket"]  # every step in one bucket's row
-        assert sum(steps for steps, _ in by_bucket.values()) == run["engine"]["steps"]
+        assert sum(steps for steps, _, _ in by_bucket.values()) == run["engine"]["steps"]
+        assert all(gpu == 0.0 for _, _, gpu in by_bucket.values())  # no device: no device seconds
+        assert run["engine"]["feed_s"] > 0  # the episode loop's parsing and tool starts
     assert len(cont["calls"]) == 1 and cont["engine"]["admissions"] > 1  # one serve, turns joining
     # rounds: one call a turn, each with every episode still going
     assert len(rounds["calls"]) >= 2

@@ -40,8 +40,11 @@ front. A larger pool is a new tensor: its graphs are captured again.
 
 `last_timing` holds the last serve's CPU seconds: `prefill_s` (admissions), `capture_s` (graph
 capture and the sampler's compile), `fill_s` (grammar masks), `launch_s`, `wait_s` (for the GPU),
-`host_s` (accepting tokens, bookkeeping), `idle_s` (nothing to generate until the feed brought
-more), with `steps`, `rows` (summed over steps), `by_bucket` (steps and seconds per bucket),
+`host_s` (accepting tokens, bookkeeping), `feed_s` (the feed's own work in this thread: an
+episode's parse, tool start and next request), `idle_s` (nothing to generate until the feed
+brought more); on a GPU, from events around each step's pick and forward and each admission,
+`gpu_s` (the device's seconds, of which `prefill_gpu_s` admissions'); with `steps`, `rows`
+(summed over steps), `by_bucket` (steps, wall seconds and GPU seconds per bucket),
 `admissions`, `shrinks`, `graphs` (captured), `pool_grows`, `evicted` (kept keys), `compactions`,
 `prefill_tokens` (the prompt tokens the prefill ran) and `reused_tokens` (those it did not: their
 keys were in the pool).
@@ -64,9 +67,10 @@ import torch
 import xgrammar as xgr
 
 from atlas.model.liger import liger_rope
+from atlas.runtime import decode_attention as split_attention
 from atlas.runtime import kv_pool
 from atlas.runtime.engine import Feed, Generation, GenerationRequest, ListFeed, OnFinish
-from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout, Segments
+from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout, Segments, to_device
 from atlas.runtime.sampling import draw, seed_key, step_keys
 from atlas.stage import GPU_MEMORY_ENV
 
@@ -149,6 +153,7 @@ class StaticEngine:
         max_rows: int = MAX_ROWS,
         admit_share: float = ADMIT_SHARE,
         admit_wait: int = ADMIT_WAIT,
+        decode_attention: str | None = None,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -178,6 +183,17 @@ class StaticEngine:
         self._masks.setdefault("full_attention", None)
         cuda = self.device.type == "cuda"
         self.flash = kv_pool.flash(self.device, self.dtype)  # else the attention runs row by row
+        # a decode step attends through the split kernel (atlas.runtime.decode_attention) or
+        # FlashAttention-2 ("flash"); "split" by default where it runs: CUDA in half precision
+        split_ok = self.flash and split_attention.available(self.device)
+        if decode_attention is None:
+            decode_attention = "split" if split_ok else "flash"
+        if decode_attention not in ("split", "flash") or (decode_attention == "split" and not split_ok):
+            raise ValueError(
+                f"decode_attention {decode_attention!r}: 'flash', or 'split' on CUDA in half precision "
+                f"with Triton (got {self.device}, {self.dtype})"
+            )
+        self.decode_attention = decode_attention
         if cache_bytes is None and cuda:
             cache_bytes = int(CACHE_SHARE * usable_memory(self.device))
         self.cache_bytes = cache_bytes  # None: unbounded (CPU)
@@ -362,6 +378,8 @@ class StaticEngine:
             max_q=1,
             max_k=self.pool.positions,
         )
+        if self.flash and self.decode_attention == "split":
+            layout.splits = split_attention.splits(r, self.pool.kv_heads, self.device)
         if not self.flash:
             starts, used = m[[START, USED], :r].tolist()
             layout.rows = [(i, i + 1, s, u) for i, (s, u) in enumerate(zip(starts, used, strict=True))]
@@ -430,7 +448,7 @@ class StaticEngine:
             batch.append(item)
             tokens += n
         batches.append(batch)
-        logits = torch.empty(len(prompts), self.vocab_size, dtype=torch.float32, device=dev)
+        outs, serves = [], np.empty(len(prompts), dtype=np.int64)  # prompt i's logits: row serves[i]
         for batch in batches:
             new = [len(p) - k for p, k, _ in batch]  # tokens computed now
             self._clock["prefill_tokens"] += sum(new)
@@ -440,35 +458,33 @@ class StaticEngine:
                 [starts[f] + np.arange(k, len(p)) for (p, k, _), f in zip(batch, first, strict=True)]
             )
             src, dst = [], []
-            for item, c0, n in zip(batch, cu, new, strict=False):
+            for k, (item, c0, n) in enumerate(zip(batch, cu, new, strict=False)):
+                serves[items[item]] = sum(len(o) for o in outs) + k
                 for row in items[item][1:]:  # the same prompt, nothing kept: the same keys
                     src.append(c0 + np.arange(n))
                     dst.append(starts[row] + np.arange(n))
             used = [len(p) for p, _, _ in batch]
             layout = Layout(
                 pool=self.pool,
-                write_at=torch.from_numpy(write).to(dev),
-                cu_q=torch.from_numpy(cu).to(dev, torch.int32),
-                starts=torch.tensor([starts[f] for f in first] + [0], dtype=torch.int32, device=dev),
-                used=torch.tensor(used, dtype=torch.int32, device=dev),
+                write_at=to_device(write, dev),
+                cu_q=to_device(cu, dev, torch.int32),
+                starts=to_device([starts[f] for f in first] + [0], dev, torch.int32),
+                used=to_device(used, dev, torch.int32),
                 max_q=max(new),
                 max_k=max(used),
-                copy_src=torch.from_numpy(np.concatenate(src)).to(dev) if src else None,
-                copy_dst=torch.from_numpy(np.concatenate(dst)).to(dev) if dst else None,
+                copy_src=to_device(np.concatenate(src), dev) if src else None,
+                copy_dst=to_device(np.concatenate(dst), dev) if dst else None,
             )
             if not self.flash:
                 layout.rows = [
                     (int(c), int(c + n), int(starts[f]), u)
                     for c, n, f, u in zip(cu, new, first, used, strict=False)
                 ]
-            ids = torch.tensor([t for p, k, _ in batch for t in p[k:]], dtype=torch.long, device=dev)
-            positions = torch.from_numpy(np.concatenate([np.arange(k, len(p)) for p, k, _ in batch])).to(dev)
-            last = torch.from_numpy(cu[1:] - 1).to(dev)
-            out = self._forward(ids, positions, layout, keep=last)
-            for k, item in enumerate(batch):
-                index = torch.tensor(items[item], device=dev)
-                logits.index_copy_(0, index, out[k : k + 1].expand(len(index), -1))
-        return logits
+            ids = to_device([t for p, k, _ in batch for t in p[k:]], dev)
+            positions = to_device(np.concatenate([np.arange(k, len(p)) for p, k, _ in batch]), dev)
+            outs.append(self._forward(ids, positions, layout, keep=to_device(cu[1:] - 1, dev)))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return out.index_select(0, to_device(serves, dev))
 
     def _reuse(self, requests: Sequence[GenerationRequest], starts: np.ndarray) -> np.ndarray:
         """Move the keys and values these requests can reuse to their new segments: for each
@@ -528,7 +544,19 @@ class StaticEngine:
                 self._forget(key)
             self._state = state
         self._clock = dict.fromkeys(
-            ("prefill_s", "capture_s", "fill_s", "launch_s", "wait_s", "host_s", "idle_s"), 0.0
+            (
+                "prefill_s",
+                "capture_s",
+                "fill_s",
+                "launch_s",
+                "wait_s",
+                "host_s",
+                "feed_s",
+                "idle_s",
+                "gpu_s",
+                "prefill_gpu_s",
+            ),
+            0.0,
         ) | dict.fromkeys(
             (
                 "steps",
@@ -544,7 +572,7 @@ class StaticEngine:
             ),
             0,
         )
-        self._clock["by_bucket"] = {}  # rows of a bucket -> (steps, seconds)
+        self._clock["by_bucket"] = {}  # rows of a bucket -> (steps, seconds, GPU seconds)
         try:
             with self.pool_attention(), liger_rope(self.model):  # Liger's RoPE where the model has it
                 _Run(self, feed).run()
@@ -562,20 +590,56 @@ class _Run:
         self.waiting: deque[tuple[object, GenerationRequest, int]] = deque()  # (tag, request, since)
         self.more = True
         self.step = 0
+        # (rows of the bucket, or 0 for an admission's prefill; CUDA events around its device work)
+        self.spans: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
 
     @property
     def active(self) -> list[int]:
         return [j for j, row in enumerate(self.live) if row is not None]
 
     def run(self) -> None:
+        try:
+            self.loop()
+        finally:
+            self.gpu_time()
+
+    def event(self) -> torch.cuda.Event | None:
+        """A timing event recorded in the device's queue now (None off a GPU)."""
+        if self.e.device.type != "cuda":
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def gpu_time(self) -> None:
+        """Device seconds of every decode step (its pick and forward) and every admission's
+        prefill, from their events, into the clock: what the GPU spent of the wall seconds."""
+        if not self.spans:
+            return
+        self.spans[-1][2].synchronize()
+        clock = self.e._clock
+        for rows, ev0, ev1 in self.spans:
+            seconds = ev0.elapsed_time(ev1) / 1000
+            clock["gpu_s"] += seconds
+            if rows:
+                steps, wall, gpu = clock["by_bucket"][rows]
+                clock["by_bucket"][rows] = (steps, wall, gpu + seconds)
+            else:
+                clock["prefill_gpu_s"] += seconds
+        self.spans = []
+
+    def poll(self, block: bool = False) -> None:
+        t = time.perf_counter()
+        self.arrive(self.feed.poll(block=block))
+        self.e._clock["idle_s" if block else "feed_s"] += time.perf_counter() - t
+
+    def loop(self) -> None:
         e = self.e
         while True:
             rows = self.active
-            self.arrive(self.feed.poll())
+            self.poll()
             if not rows and not self.waiting and self.more:
-                t = time.perf_counter()  # nothing to generate until the feed brings more
-                self.arrive(self.feed.poll(block=True))
-                e._clock["idle_s"] += time.perf_counter() - t
+                self.poll(block=True)  # nothing to generate until the feed brings more
                 if not self.waiting and self.more:  # a blocking poll brought nothing, yet more is due
                     raise RuntimeError(f"{type(self.feed).__name__}: more requests due, none in flight")
             if not rows and not self.waiting:
@@ -660,14 +724,16 @@ class _Run:
             return
         requests = [r for _, r, _, _ in picked]
         starts = np.array([start for _, _, start, _ in picked], dtype=np.int64)
+        ev0 = self.event()
         kept = e._reuse(requests, starts)
         first = e._prefill([r.prompt_ids for r in requests], starts, kept)
         rows = len(self.active) + len(picked)
         if self.rb is None or rows > self.rb.rows:
             self.rebucket(bucket(rows, e.min_batch))
         free = [j for j, row in enumerate(self.live) if row is None][: len(picked)]
-        index = torch.tensor(free, device=e.device)
-        self.rb.logits.index_copy_(0, index, first)
+        self.rb.logits.index_copy_(0, to_device(free, e.device), first)
+        if ev0 is not None:
+            self.spans.append((0, ev0, self.event()))
         caps = e._caps(requests)
         for j, (tag, request, start, size), cap in zip(free, picked, caps, strict=True):
             self.live[j] = _Live(
@@ -726,8 +792,7 @@ class _Run:
         rb = e._rows(rows)
         live = [row for row in self.live if row is not None]
         if old is not None and live:
-            index = torch.tensor(self.active, device=e.device)
-            rb.logits[: len(live)] = old.logits.index_select(0, index)
+            rb.logits[: len(live)] = old.logits.index_select(0, to_device(self.active, e.device))
         rb.logits[len(live) :] = 0.0
         rb.bitmask.fill_(-1)
         self.rb, self.live = rb, live + [None] * (rows - len(live))
@@ -765,6 +830,7 @@ class _Run:
         h[USED, at] = lengths + 1
         h[KEY, at] = step_keys(np.array([row.key for row in lives], dtype=np.int64), counts)
         rb.meta.copy_(rb.meta_host, non_blocking=pin)
+        ev0 = self.event()
         e._run(rb, e._pick_into)
         for k, v in rb.out_host.items():
             v.copy_(getattr(rb, k), non_blocking=pin)
@@ -776,6 +842,8 @@ class _Run:
         fed = any(len(row.gen.token_ids) + 1 < row.cap for row in lives)
         if fed:
             e._run(rb, e._decode)
+        if pin:
+            self.spans.append((rb.rows, ev0, self.event()))
         t1 = time.perf_counter()
         if pin:
             copied.synchronize()
@@ -814,18 +882,18 @@ class _Run:
         clock["steps"] += 1
         clock["rows"] += len(rows)
         spent = time.perf_counter() - t0
-        steps, seconds = clock["by_bucket"].get(rb.rows, (0, 0.0))
-        clock["by_bucket"][rb.rows] = (steps + 1, seconds + spent)
+        steps, seconds, gpu = clock["by_bucket"].get(rb.rows, (0, 0.0, 0.0))
+        clock["by_bucket"][rb.rows] = (steps + 1, seconds + spent, gpu)
         share = spent / len(rows)
         for row in lives:
             row.gen.engine_s += share
-        for j in ended:
-            self.end(j)
-        clock["host_s"] += time.perf_counter() - t2
+        feed = sum(self.end(j) for j in ended)
+        clock["host_s"] += time.perf_counter() - t2 - feed
 
-    def end(self, j: int) -> None:
+    def end(self, j: int) -> float:
         """Row j is done: what its conversation may continue from stays in the pool (the rest of
-        its segment is given back), and the generation goes to the feed."""
+        its segment is given back), and the generation goes to the feed. Returns the seconds the
+        feed took (its `finished`)."""
         e, row = self.e, self.live[j]
         self.live[j] = None
         self.rb.bitmask[j] = -1  # an empty row: anything goes; its tokens are never read
@@ -837,7 +905,11 @@ class _Run:
             e.segments.give(row.start + row.length, row.size - row.length)
         else:
             e.segments.give(row.start, row.size)
+        t = time.perf_counter()
         self.feed.finished(row.tag, row.gen)
+        seconds = time.perf_counter() - t
+        e._clock["feed_s"] += seconds
+        return seconds
 
 
 @dataclass

@@ -27,8 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from atlas.runtime.decode_attention import decode_attention
 
 POOL_ATTENTION = "atlas_pool"
 
@@ -50,6 +53,9 @@ class Layout:
     copy_dst: torch.Tensor | None = None
     # (q0, q1, start, used) per row, on the host: set, the attention runs row by row with SDPA
     rows: list[tuple[int, int, int, int]] | None = None
+    # a decode step (one query a row) through atlas.runtime.decode_attention, its keys split in
+    # this many parts
+    splits: int | None = None
 
 
 class KVPool:
@@ -67,8 +73,7 @@ class KVPool:
     def move(self, src, dst) -> None:
         """Every layer's keys and values at positions `src` copied to positions `dst` (index
         arrays of one length); all of a layer's sources are read before any is written."""
-        device = self.kv.device
-        src_t, dst_t = torch.as_tensor(src, device=device), torch.as_tensor(dst, device=device)
+        src_t, dst_t = to_device(src, self.kv.device), to_device(dst, self.kv.device)
         for layer in self.kv:  # [2, positions, heads, dim]
             layer.index_copy_(1, dst_t, layer.index_select(1, src_t))
 
@@ -84,6 +89,16 @@ class KVPool:
             * torch.finfo(dtype).bits
             // 8
         )
+
+
+def to_device(values, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A host array (or list) on `device`, without making the host wait for the device: on a GPU
+    the values go through pinned memory in a copy queued behind the device's work (a copy from
+    pageable memory would first wait for everything queued, a decode step's forward included)."""
+    host = torch.as_tensor(np.asarray(values), dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def flash(device: torch.device, dtype: torch.dtype) -> bool:
@@ -121,6 +136,9 @@ def pool_attention(
     if lay.copy_src is not None:
         keys.index_copy_(0, lay.copy_dst, k.index_select(0, lay.copy_src))
         values.index_copy_(0, lay.copy_dst, v.index_select(0, lay.copy_src))
+    if lay.splits is not None:  # a decode step, split along the keys
+        out = decode_attention(q, keys, values, lay.starts, lay.used, scale, lay.splits)
+        return out.unsqueeze(0), None
     if lay.rows is None:  # FlashAttention-2 (CUDA, half precision; and the meta device of the tests)
         out = torch.ops.aten._flash_attention_forward(
             q.contiguous(),

@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Decode attention benchmark: one decode step's attention over the key/value pool, per layer,
+through the engine's two kernels, on a GPU.
+
+    python scripts/bench_attention.py [--heads 16 --kv-heads 8 --dim 128] [--out attention.json]
+
+flash   FlashAttention-2's variable-length kernel (PyTorch's aten._flash_attention_forward) with
+        seqused_k, as the engine ran it before the split kernel (StaticEngine(decode_attention="flash"))
+split   atlas.runtime.decode_attention with the engine's number of splits for the rows (the default)
+
+For each number of rows and used keys per row (segments laid out one after another in a pool
+as large as the rows need), the microseconds per layer (CUDA events over 50 calls), the keys
+and values read (GB) and the bandwidth they make; the defaults are Qwen3-1.7B's heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from atlas.runtime import decode_attention as split
+
+
+def timed(fn, n: int = 50) -> float:
+    """Microseconds per call, after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / n
+
+
+def one_shape(rows: int, used: int, hq: int, hk: int, dim: int, dev, dtype) -> dict:
+    """Both kernels on `rows` segments of `used` keys each, laid out one after another."""
+    size = rows * used + 64
+    keys, values = (torch.randn(size, hk, dim, device=dev, dtype=dtype) for _ in range(2))
+    q = torch.randn(rows, hq, dim, device=dev, dtype=dtype)
+    starts = torch.arange(rows + 1, device=dev, dtype=torch.int32) * used
+    lengths = torch.full((rows,), used, device=dev, dtype=torch.int32)
+    cu = torch.arange(rows + 1, device=dev, dtype=torch.int32)
+    scale = dim**-0.5
+    n_splits = split.splits(rows, hk, dev)
+
+    def flash():
+        return torch.ops.aten._flash_attention_forward(
+            q, keys, values, cu, starts, 1, size, 0.0, True, False, scale=scale, seqused_k=lengths
+        )[0]
+
+    def splitkv():
+        return split.decode_attention(q, keys, values, starts, lengths, scale, n_splits)
+
+    gap = (flash().float() - splitkv().float()).abs().max().item()
+    gb = rows * used * hk * dim * 2 * keys.element_size() / 1e9
+    return dict(
+        rows=rows,
+        used=used,
+        splits=n_splits,
+        gb=gb,
+        flash_us=timed(flash),
+        split_us=timed(splitkv),
+        max_gap=gap,
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--rows", default="8,16,32,64,128,256")
+    p.add_argument("--used", default="600,1200,2000")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_attention needs a CUDA device")
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    hq, hk, dim = args.heads, args.kv_heads, args.dim
+    print(f"{torch.cuda.get_device_name()}: {hq} query heads, {hk} KV heads, head size {dim}, bf16")
+    print(
+        f"{'rows':>5} {'used':>5} {'splits':>6} {'GB':>7} {'flash us':>9} {'TB/s':>5} {'split us':>9} {'TB/s':>5} {'speed-up':>8}"
+    )
+    table = []
+    for rows in map(int, args.rows.split(",")):
+        for used in map(int, args.used.split(",")):
+            row = one_shape(rows, used, hq, hk, dim, dev, dtype)
+            table.append(row)
+            gb, f_us, s_us = row["gb"], row["flash_us"], row["split_us"]
+            print(
+                f"{rows:5d} {used:5d} {row['splits']:6d} {gb:7.3f} {f_us:9.1f} {gb / f_us * 1e3:5.2f} "
+                f"{s_us:9.1f} {gb / s_us * 1e3:5.2f} {f_us / s_us:8.2f}"
+            )
+    if args.out:
+        args.out.write_text(
+            json.dumps(dict(device=torch.cuda.get_device_name(), shape=[hq, hk, dim], rows=table), indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
