@@ -5,11 +5,12 @@ through the engine's two kernels, on a GPU.
     python scripts/bench_attention.py [--heads 16 --kv-heads 8 --dim 128] [--out attention.json]
 
 flash   FlashAttention-2's variable-length kernel (PyTorch's aten._flash_attention_forward) with
-        seqused_k, as the engine ran it before the split kernel (StaticEngine(decode_attention="flash"))
+        seqused_k: the engine's decode steps with `decode_attention="flash"`
 split   atlas.runtime.decode_attention with the engine's number of splits for the rows (the default)
 
 For each number of rows and used keys per row (segments laid out one after another in a pool
-as large as the rows need), the microseconds per layer (CUDA events over 50 calls), the keys
+as large as the rows need), the device microseconds per layer (CUDA events around replays of a
+CUDA graph of 20 calls, as the engine's captured decode step runs them), the keys
 and values read (GB) and the bandwidth they make; the defaults are Qwen3-1.7B's heads.
 """
 
@@ -24,17 +25,27 @@ import torch
 from atlas.runtime import decode_attention as split
 
 
-def timed(fn, n: int = 50) -> float:
-    """Microseconds per call, after three warm-up calls."""
-    for _ in range(3):
-        fn()
+def timed(fn, n: int = 20, replays: int = 5) -> float:
+    """Device microseconds per call: `n` calls captured as one CUDA graph (as the engine replays
+    its decode step, so that no launch from the host is timed), replayed `replays` times."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()  # compiles, workspaces
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n):
+            fn()
+    graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(n):
-        fn()
+    for _ in range(replays):
+        graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1000 / n
+    return start.elapsed_time(end) * 1000 / (n * replays)
 
 
 def one_shape(rows: int, used: int, hq: int, hk: int, dim: int, dev, dtype) -> dict:

@@ -301,6 +301,13 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
         max_turns=cfg.runtime.max_turns,
         max_generation_tokens=cfg.runtime.max_generation_tokens,
     )
+    t = time.perf_counter()  # as the trainer's session does before its first rollout (rl.step.open_session)
+    rt.engine.prepare(len(questions) * training.responses_per_question)
+    out["prepare_s"] = time.perf_counter() - t
+    print(
+        f"  engine prepared for {len(questions) * training.responses_per_question} rows in {out['prepare_s']:.2f} s",
+        file=sys.stderr,
+    )
     specs = episode_specs(val, tests, training.validation_samples)
     out["warmup"] = timed_rollout(rt, specs, cfg, step=0, phase="val", device=device, schedule="continuous")
     specs = episode_specs(questions, tests, training.responses_per_question)

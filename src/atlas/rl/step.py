@@ -124,6 +124,9 @@ def open_session(sl: TrainSlice, args, ranks: Ranks | None = None) -> Session:
     potential = build_potential(sl.run, ac, args.snapshot)
     optimizers = make_optimizers(ac, training.ppo)
     rt, merged = rollout_runtime(ac, tokenizer, training, runtime, sl.resources.device)
+    # a step's rollout serves this rank's share of the step's episodes at once: the engine's
+    # one-time costs for them (its pool, captures, compiles) are paid here, not on a step's clock
+    rt.engine.prepare(-(-sl.schedule.questions_per_step * training.responses_per_question // ranks.world))
     return Session(
         name=sl.run.name,
         steps=sl.run.steps,

@@ -135,6 +135,9 @@ class RolloutEngine(Protocol):
 
     def serve(self, feed: Feed) -> None: ...
 
+    def prepare(self, rows: int) -> None:
+        """Pay the first serve's one-time costs (memory, captures, compiles) for up to `rows` rows."""
+
 
 class HFEngine:
     def __init__(
@@ -165,6 +168,9 @@ class HFEngine:
         self._cache_arg = (
             "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
         )
+
+    def prepare(self, rows: int) -> None:
+        """Nothing to prepare: it runs eagerly, with a cache per call."""
 
     def serve(self, feed: Feed) -> None:
         """A feed in rounds (serve_in_rounds): the batch of a round runs to its last row."""

@@ -533,6 +533,42 @@ class StaticEngine:
         return feed.outs
 
     @torch.no_grad()
+    def prepare(self, rows: int) -> None:
+        """Pay the first serve's costs now, before any rollout's clock: on a GPU, a pool as large as
+        the budget allows and, for every bucket up to the one of `rows`, its step and pick captured
+        (the sampler and the attention kernels compiled on the way). A later serve of up to `rows`
+        rows captures nothing while the pool holds (a larger pool, for a budget the first could not
+        reach, captures again). Eagerly (a CPU) there is nothing to prepare."""
+        if not self.graphs:
+            return
+        t = time.perf_counter()
+        state = self._model_state()
+        if state != self._state:
+            self._drop_graphs()
+            self._state = state
+        budget = self.budget_positions()
+        if self.pool is None or self.pool.positions < budget:
+            self._new_pool(budget)
+        self._clock = dict.fromkeys(("capture_s", "graphs"), 0)
+        with self.pool_attention(), liger_rope(self.model):
+            size = self.min_batch
+            while True:
+                rb = self._rows(size)
+                h = rb.meta_host.numpy()  # every row empty: its scratch position
+                h[:] = 0
+                h[WRITE] = h[START] = self._scratch + np.arange(size + 1)
+                h[USED] = 1
+                rb.meta.copy_(rb.meta_host)
+                rb.bitmask_dev.fill_(-1)
+                self._run(rb, self._pick_into)
+                self._run(rb, self._decode)
+                if size >= min(bucket(rows, self.min_batch), self.max_rows):
+                    break
+                size *= 2
+        torch.cuda.synchronize(self.device)
+        self.last_timing = dict(self._clock, prepare_s=time.perf_counter() - t)
+
+    @torch.no_grad()
     def serve(self, feed: Feed) -> None:
         """Generate what `feed` brings until it has no more, with continuous batching: a request
         that arrives while rows generate joins them at a step's boundary (after its prompt's
