@@ -18,7 +18,7 @@ from xgrammar.structural_tag import (
 from atlas.chat import CALL_CLOSE, CALL_OPEN
 from atlas.config import GraderConfig, RuntimeConfig
 from atlas.runtime.engine import GenerationRequest
-from atlas.runtime.episode import EpisodeSpec, run_episodes
+from atlas.runtime.episode import EpisodeSpec, run_episodes, start_episode
 from atlas.runtime.grammar import CompiledCall
 from atlas.runtime.inputs import read_questions, read_tests
 from atlas.runtime.protocol import check_episodes, parse_call, token_rewards
@@ -383,6 +383,24 @@ def test_same_seed_same_episodes(rt, data_dir):
     strip = lambda eps: [(e.token_ids, e.logprobs, [r.arguments for r in e.records]) for e in eps]  # noqa: E731
     assert strip(a) == strip(b)
     assert strip(a) != strip(c)
+
+
+def test_a_questions_samples_share_one_rendered_prompt(rt, data_dir, monkeypatch):
+    """run_episodes renders the chat template once per question (start_episode's `prompts`): each
+    sample's prompt is the one rendered alone, and another question of the same source gets its own."""
+    questions = [q for q in read_questions(data_dir / "val.parquet") if q["source"] == "lcb"][:2]
+    specs = [EpisodeSpec(q, [], sample) for q in questions for sample in range(3)]
+    code = CodeBounds.of(RUNTIME)
+    alone = [start_episode(rt, s, code).token_ids for s in specs]
+    rendered = []
+    chat_ids = type(rt).chat_ids
+    monkeypatch.setattr(type(rt), "chat_ids", lambda self, *a: rendered.append(1) or chat_ids(self, *a))
+    prompts: dict = {}
+    shared = [start_episode(rt, s, code, prompts) for s in specs]
+    assert len(rendered) == 2 and set(prompts) == {q["question_uid"] for q in questions}
+    assert [ep.token_ids for ep in shared] == alone and alone[0] != alone[3]
+    shared[0].token_ids.append(7)  # an episode grows its own copy, never the shared prompt
+    assert start_episode(rt, specs[1], code, prompts).token_ids == alone[1]
 
 
 def _accepts(rt, grammar, text: str) -> bool:

@@ -116,13 +116,23 @@ def episode_seed(seed: int, run: str, step: int, uid: str, sample: int, turn: in
     return int(hashlib.sha256(key).hexdigest()[:15], 16)
 
 
-def start_episode(rt: Runtime, spec: EpisodeSpec, code: CodeBounds) -> Episode:
+def start_episode(
+    rt: Runtime, spec: EpisodeSpec, code: CodeBounds, prompts: dict[str, list[int]] | None = None
+) -> Episode:
+    """An episode at its prompt: the chat template over the system prompt, the question and its
+    tools. `prompts` (question uid -> prompt ids) holds the prompts made so far, so that a
+    question's samples render the template once."""
     tools = tools_for(spec.question["source"], code)
-    messages = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": question_prompt(spec.question)},
-    ]
-    ids = rt.chat_ids(messages, [t.spec() for t in tools.values()])
+    uid = spec.question["question_uid"]
+    ids = prompts.get(uid) if prompts is not None else None
+    if ids is None:
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": question_prompt(spec.question)},
+        ]
+        ids = rt.chat_ids(messages, [t.spec() for t in tools.values()])
+        if prompts is not None:
+            prompts[uid] = ids
     return Episode(
         question=spec.question,
         tests=spec.tests,
@@ -314,7 +324,8 @@ def run_episodes(
     of the episodes ends. (The verl agent loop, atlas.verl.agent_loop, runs one episode with the
     same per-turn steps: begin_turn, take_generation, run_tool, record_turn.)"""
     code = CodeBounds.of(cfg)
-    episodes = [start_episode(rt, s, code) for s in specs]
+    prompts: dict[str, list[int]] = {}
+    episodes = [start_episode(rt, s, code, prompts) for s in specs]
     where = {"run": run, "step": step, "phase": phase, "seed": seed}
     pool = ThreadPoolExecutor(max_workers=graders.workers)
     try:
