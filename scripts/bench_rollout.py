@@ -35,9 +35,7 @@ episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the sc
              tool running); with steps, rows per step and admissions.
 
 `--decode-attention flash` runs the engines' decode steps through FlashAttention-2 instead of
-the split kernel (atlas.runtime.decode_attention; scripts/bench_attention.py times the two alone),
-and `--pick-chunks 1` their picks over whole rows (atlas.runtime.sampling.draw) instead of in
-parts (draw_split).
+the split kernel (atlas.runtime.decode_attention; scripts/bench_attention.py times the two alone).
 
 Prints one table per mode and writes everything as JSON to `--out`.
 """
@@ -148,13 +146,12 @@ class Policy:
 
 
 def with_attention(rt, args):
-    """The runtime with its engine's decode attention and pick set by --decode-attention and
-    --pick-chunks (before any call: a captured step bakes in its kernels)."""
-    for name in ("decode_attention", "pick_chunks"):
-        if (value := getattr(args, name)) is not None:
-            if getattr(rt.engine, "captures", 0):
-                raise RuntimeError(f"--{name.replace('_', '-')}: the engine has captured steps already")
-            setattr(rt.engine, name, value)
+    """The runtime with its engine's decode attention set by --decode-attention (before any call:
+    a captured step bakes in its kernel)."""
+    if args.decode_attention is not None:
+        if getattr(rt.engine, "captures", 0):
+            raise RuntimeError("--decode-attention: the engine has captured steps already")
+        rt.engine.decode_attention = args.decode_attention
     return rt
 
 
@@ -416,11 +413,6 @@ def main() -> None:
         choices=("split", "flash"),
         help="the engine's decode-step attention (default: the engine's, split on a GPU)",
     )
-    p.add_argument(
-        "--pick-chunks",
-        type=int,
-        help="parts of the vocabulary the compiled pick reduces over (default: the engine's; 1: whole rows)",
-    )
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", type=Path, help="profile the last arm's last generation call into this file")
     p.add_argument(
@@ -456,7 +448,6 @@ def main() -> None:
         vocab=len(tokenizer),
         lora_rank=cfg.training.lora_rank,
         decode_attention=args.decode_attention or "the engine's default",
-        pick_chunks=args.pick_chunks or "the engine's default",
         gpu_memory_gb=claim,
     )
     policy = functools.cache(lambda: Policy(base, tokenizer, cfg, device))  # built once, if an arm needs it

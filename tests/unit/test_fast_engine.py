@@ -16,17 +16,7 @@ from atlas.runtime import kv_pool
 from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.fast_engine import StaticEngine, bucket, pool_positions
 from atlas.runtime.kv_pool import KVPool, Layout, Segments, pool_attention
-from atlas.runtime.sampling import (
-    M32,
-    draw,
-    draw_split,
-    gumbel,
-    keys_for,
-    row_key,
-    sample,
-    top_p_keep,
-    uniform,
-)
+from atlas.runtime.sampling import M32, gumbel, keys_for, row_key, sample, top_p_keep, uniform
 from atlas.runtime.session import load_runtime
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
 
@@ -60,28 +50,6 @@ def test_uniform_never_reaches_0_or_1_and_the_noise_stays_finite():
     logp = torch.full((64, 151_936), float("-inf"))
     logp[:, 7] = 0.0
     assert set(sample(logp, keys_for(list(range(64)), 59, "cpu")).tolist()) == {7}
-
-
-@pytest.mark.parametrize("vocab,chunks", [(1000, 64), (4096, 64), (777, 5)])
-def test_the_split_pick_draws_what_the_whole_row_pick_draws(vocab, chunks):
-    """draw_split (the compiled engine's pick) against draw: the same tokens and sampled flags,
-    log-probs within float32 rounding, on masked rows whose best token lies in any part (a last
-    part padded where the parts do not divide the vocabulary), a forced row and a two-token row."""
-    torch.manual_seed(vocab)
-    rows = 300
-    logits = torch.randn(rows, vocab) * 3
-    logits[torch.rand(rows, vocab) < 0.6] = float("-inf")  # the grammar's masks
-    logits[0] = float("-inf")
-    logits[0, vocab - 1] = 1.0  # forced, on the last token
-    logits[1] = float("-inf")
-    logits[1, [0, vocab - 1]] = 0.0  # two tokens, at both ends
-    keys = keys_for(list(range(rows)), 11, "cpu")
-    whole, split = draw(logits, keys), draw_split(logits, keys, chunks)
-    assert torch.equal(whole[0], split[0]) and torch.equal(whole[2], split[2])
-    assert (whole[1] - split[1]).abs().max().item() < 1e-5
-    assert split[0][0] == vocab - 1 and not split[2][0] and split[1][0] == 0.0
-    assert split[2][1] and abs(split[1][1].item() - math.log(0.5)) < 1e-6
-    assert len(set(split[0].tolist())) > rows // 3  # draws spread over the vocabulary, not one part
 
 
 def test_top_p_keeps_the_smallest_set_reaching_the_mass():

@@ -71,7 +71,7 @@ from atlas.runtime import decode_attention as split_attention
 from atlas.runtime import kv_pool
 from atlas.runtime.engine import Feed, Generation, GenerationRequest, ListFeed, OnFinish
 from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout, Segments, to_device
-from atlas.runtime.sampling import draw, draw_split, seed_key, step_keys
+from atlas.runtime.sampling import draw, seed_key, step_keys
 from atlas.stage import GPU_MEMORY_ENV
 
 CACHE_SHARE = 0.5  # of the GPU's memory, for the key/value pool when cache_bytes is not given
@@ -95,7 +95,6 @@ MAX_ROWS = 512  # rows generating at once, at most; more requests wait for a row
 # forward has a fixed cost of several decode steps, so arrivals are gathered, not run one by one.
 ADMIT_SHARE = 0.5
 ADMIT_WAIT = 32
-PICK_CHUNKS = 64  # parts of the vocabulary the compiled pick reduces over, then across
 # host buffer rows: positions fed, where their keys go, segment starts, used positions, pick keys
 POS, WRITE, START, USED, KEY = range(5)
 
@@ -155,7 +154,6 @@ class StaticEngine:
         admit_share: float = ADMIT_SHARE,
         admit_wait: int = ADMIT_WAIT,
         decode_attention: str | None = None,
-        pick_chunks: int | None = None,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -209,9 +207,6 @@ class StaticEngine:
         backend = "inductor" if compile is True else compile  # a name or a callable (the tests count)
         # One compile for every bucket: the number of rows is a symbolic size.
         self._pick_fn = torch.compile(self._pick, dynamic=True, backend=backend) if compile else self._pick
-        # Compiled, the pick reduces over the vocabulary in parts (sampling.draw_split: a step's
-        # pick then fills the GPU whatever its rows); eagerly it is sampling.draw, HFEngine's own.
-        self.pick_chunks = (PICK_CHUNKS if compile else 1) if pick_chunks is None else pick_chunks
         self._graph_pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.pool: KVPool | None = None
         self.segments: Segments | None = None  # which of the pool's positions are taken
@@ -398,8 +393,6 @@ class StaticEngine:
         if self.constrained:
             allowed_bits = (bitmask[:, self._word] >> self._bit) & 1
             logits = torch.where((allowed_bits == 1) & self._unbanned, logits, float("-inf"))
-        if self.pick_chunks > 1 and self.top_p >= 1.0:
-            return draw_split(logits, keys, self.pick_chunks)
         return draw(logits, keys, self.top_p)
 
     def _pick_into(self, rb: Rows) -> None:

@@ -92,30 +92,5 @@ def draw(logits: torch.Tensor, keys: torch.Tensor, top_p: float = 1.0):
     return tokens, torch.where(sampled, chosen, torch.zeros_like(chosen)), sampled
 
 
-def draw_split(logits: torch.Tensor, keys: torch.Tensor, chunks: int = 64):
-    """draw(logits, keys) at top_p 1, with every reduction over the vocabulary done in `chunks`
-    parts and then across them: compiled, a step's pick runs rows x chunks programs instead of
-    one per row, which walked the whole vocabulary alone (a fixed ~0.65 ms a step on an H200,
-    whatever the rows). The same formulas as draw; the sums' order differs, so log-probs may
-    differ from draw's in the last bits."""
-    rows, vocab = logits.shape
-    size = -(-vocab // chunks)
-    if size * chunks != vocab:
-        logits = torch.nn.functional.pad(logits, (0, size * chunks - vocab), value=float("-inf"))
-    x = logits.view(rows, chunks, size)
-    top = x.amax(-1).amax(-1)[:, None, None]
-    shifted = x - top
-    logp = shifted - torch.log(torch.exp(shifted).sum(-1).sum(-1))[:, None, None]
-    noise = gumbel(keys, vocab)
-    if size * chunks != vocab:
-        noise = torch.nn.functional.pad(noise, (0, size * chunks - vocab), value=0.0)
-    best, at = (logp + noise.view(rows, chunks, size)).max(-1)  # each part's best
-    part = best.argmax(-1)
-    tokens = part * size + at.gather(-1, part[:, None])[:, 0]
-    chosen = logp.view(rows, -1).gather(-1, tokens[:, None])[:, 0]
-    sampled = torch.isfinite(x).sum(-1).sum(-1) > 1
-    return tokens, torch.where(sampled, chosen, torch.zeros_like(chosen)), sampled
-
-
 def keys_for(seeds: list[int], step: int, device) -> torch.Tensor:
     return step_keys(torch.tensor([seed_key(s) for s in seeds], dtype=torch.int64, device=device), step)
