@@ -21,6 +21,7 @@ sliding window (the engine refuses sliding-window models).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -36,8 +37,6 @@ BLOCK_N = 64  # keys a loop iteration reads
 def available(device: torch.device) -> bool:
     """Whether the split decode attention runs on `device` (CUDA with Triton, or Triton's
     interpreter on the CPU, TRITON_INTERPRET=1, for the tests)."""
-    import os
-
     if triton is None:
         return False
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
