@@ -658,7 +658,7 @@ class _Run:
             seconds = ev0.elapsed_time(ev1) / 1000
             clock["gpu_s"] += seconds
             if rows:
-                steps, wall, gpu = clock["by_bucket"][rows]
+                steps, wall, gpu = clock["by_bucket"].get(rows, (0, 0.0, 0.0))  # a step cut short: none
                 clock["by_bucket"][rows] = (steps, wall, gpu + seconds)
             else:
                 clock["prefill_gpu_s"] += seconds
