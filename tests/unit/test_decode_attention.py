@@ -63,7 +63,9 @@ ROWS = [[1, 0], [63, 2000], [64, 100], [65, 300], [700, 1100], [5, 1900]]
 def run_check(spec: dict) -> dict:
     folder = os.environ.get("ATLAS_TRITON")
     if not folder or not (Path(folder) / "triton").is_dir():
-        pytest.skip("Triton's interpreter: set ATLAS_TRITON to a folder holding triton (uv pip install --target)")
+        pytest.skip(
+            "Triton's interpreter: set ATLAS_TRITON to a folder holding triton (uv pip install --target)"
+        )
     src = Path(__file__).resolve().parents[2] / "src"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([folder, str(src)]))
     done = subprocess.run(
