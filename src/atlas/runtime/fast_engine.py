@@ -11,7 +11,8 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
   (a prefill forward costs several decode steps). `generate` serves a fixed list;
 - keys and values live in one pool (atlas.runtime.kv_pool), each request in a segment of its
   prompt plus its token cap, placed first-fit (kv_pool.Segments); attention reads the positions
-  a row has filled, not a padded cache's;
+  a row has filled, not a padded cache's (a decode step through a split-KV Triton kernel,
+  atlas.runtime.decode_attention; a prefill through FlashAttention-2);
 - the prompts of an admission are one packed forward (a prompt asked by several rows, a question's
   samples, is computed once and its keys and values written to every row's segment), and a
   request that continues a conversation (`cache_key`) reuses what that conversation's last request

@@ -14,6 +14,9 @@ are its last tokens):
   ships, aten._flash_attention_forward) with `seqused_k`, so a decode step reads the keys each
   row has, not a padded cache's; in a decode step (one query a row) the kernel itself takes the
   query heads that share a KV head as one group, so each KV head is read once for them;
+- in a decode step whose Layout sets `splits` (the engine's default on a GPU), through
+  atlas.runtime.decode_attention: each row's keys split in that many parts, read once for a
+  KV head's whole group;
 - otherwise (a CPU, float32) row by row with SDPA, from host copies of the rows' bounds
   (`Layout.rows`): the same function, for the tests, and not capturable.
 
