@@ -57,6 +57,7 @@ from transformers import AutoTokenizer
 
 from atlas.config import merged, parse_config, read_yaml
 from atlas.runtime.engine import serve_in_rounds
+from atlas.runtime.fast_engine import CLOCK_COUNTS, CLOCK_SECONDS
 from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
 from atlas.runtime.rollouts import episode_specs, rollout
 from atlas.runtime.session import load_model, make_runtime
@@ -193,30 +194,7 @@ def generation_mode(args, base, tokenizer, cfg, device, policy) -> dict:
     return dict(new_tokens=args.new, batch=args.questions * args.samples, arms=arms)
 
 
-TIMING = (
-    "prefill_s",
-    "capture_s",
-    "fill_s",
-    "launch_s",
-    "wait_s",
-    "host_s",
-    "feed_s",
-    "idle_s",
-    "gpu_s",
-    "prefill_gpu_s",
-)
-COUNTS = (
-    "steps",
-    "rows",
-    "admissions",
-    "shrinks",
-    "graphs",
-    "pool_grows",
-    "evicted",
-    "compactions",
-    "prefill_tokens",
-    "reused_tokens",
-)
+TIMING, COUNTS = CLOCK_SECONDS, CLOCK_COUNTS  # the engine clock's own keys
 
 
 def timed_rollout(

@@ -96,6 +96,31 @@ MAX_ROWS = 512  # rows generating at once, at most; more requests wait for a row
 # forward has a fixed cost of several decode steps, so arrivals are gathered, not run one by one.
 ADMIT_SHARE = 0.5
 ADMIT_WAIT = 32
+# What a serve's clock (`last_timing`) holds besides `by_bucket`: seconds, then counts.
+CLOCK_SECONDS = (
+    "prefill_s",
+    "capture_s",
+    "fill_s",
+    "launch_s",
+    "wait_s",
+    "host_s",
+    "feed_s",
+    "idle_s",
+    "gpu_s",
+    "prefill_gpu_s",
+)
+CLOCK_COUNTS = (
+    "steps",
+    "rows",
+    "admissions",
+    "shrinks",
+    "graphs",
+    "pool_grows",
+    "evicted",
+    "compactions",
+    "prefill_tokens",
+    "reused_tokens",
+)
 # host buffer rows: positions fed, where their keys go, segment starts, used positions, pick keys
 POS, WRITE, START, USED, KEY = range(5)
 
@@ -580,35 +605,7 @@ class StaticEngine:
             for key in list(self._kept):
                 self._forget(key)
             self._state = state
-        self._clock = dict.fromkeys(
-            (
-                "prefill_s",
-                "capture_s",
-                "fill_s",
-                "launch_s",
-                "wait_s",
-                "host_s",
-                "feed_s",
-                "idle_s",
-                "gpu_s",
-                "prefill_gpu_s",
-            ),
-            0.0,
-        ) | dict.fromkeys(
-            (
-                "steps",
-                "rows",
-                "admissions",
-                "shrinks",
-                "graphs",
-                "pool_grows",
-                "evicted",
-                "compactions",
-                "prefill_tokens",
-                "reused_tokens",
-            ),
-            0,
-        )
+        self._clock = dict.fromkeys(CLOCK_SECONDS, 0.0) | dict.fromkeys(CLOCK_COUNTS, 0)
         self._clock["by_bucket"] = {}  # rows of a bucket -> (steps, seconds, GPU seconds)
         try:
             with self.pool_attention(), liger_rope(self.model):  # Liger's RoPE where the model has it
