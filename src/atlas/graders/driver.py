@@ -8,10 +8,11 @@ grader (sandbox.py) runs this file, compiled once and marshalled, as
 (BOOT reads the code object from CODE_FD and runs it) and talks to it in frames (one type byte, a
 4-byte big-endian length, the payload):
 
-    grader -> driver   S setup (JSON: bounds, whether to import lcb_runner's prefix), then P the
-                       program (JSON: code, mode, func_name, filename), then T per test (JSON:
-                       input, timeout_s)
-    driver -> grader   R ready (after S); per test O stdout bytes (as they come), then D done (JSON)
+    grader -> driver   S setup (bounds), then P the program (code, mode, func_name, filename, and
+                       the part of lcb_runner's import prefix it needs), then T per test (input,
+                       timeout_s); each a marshalled dict (marshal reads only what the grader wrote)
+    driver -> grader   R ready (after S); per test O stdout bytes (as they come), then D done (JSON:
+                       the grader reads nothing from a sandbox but JSON and bytes)
 
 A sandbox can thus be started, and its driver set up, before its program is known; it still runs
 one program only.
@@ -31,14 +32,13 @@ the next test. The driver runs under a seccomp filter, and each test's child add
 before the program runs (DENIED and DRIVER_NEEDS below).
 """
 
+import _signal as signal  # the C module: `signal` would import enum
 import atexit
 import gc
-import json
 import marshal
 import os
 import resource
 import select
-import signal
 import struct
 import sys
 import time
@@ -50,17 +50,7 @@ FORWARD_CAP = 64 << 20  # stdout bytes forwarded per test; the grader keeps what
 VALUE_CAP = 64 << 20  # bytes of one marshalled return value
 REAP_S = 1.0  # how long killing what a test left behind may take before the driver gives up
 
-# lcb_runner's `import_string` (lcb_runner/evaluation/testing_util.py), run before an LCB program.
-IMPORTS = (
-    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
-    "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\n"
-    "from random import *\nfrom statistics import *\nfrom itertools import *\nfrom functools import *\n"
-    "from operator import *\nfrom io import *\nfrom sys import *\nfrom json import *\n"
-    "from builtins import *\nfrom typing import *\nimport string\nimport re\nimport datetime\n"
-    "import collections\nimport heapq\nimport bisect\nimport copy\nimport math\nimport random\n"
-    "import statistics\nimport itertools\nimport functools\nimport operator\nimport io\nimport sys\n"
-    "import json\nsys.setrecursionlimit(50000)\n"
-)
+COMPILER_WARM_UP = "import sys\nn = int(input())\nprint([i * 2 for i in range(n)], f'{n}')\n"
 PREFIX_RECURSION = 50000  # the prefix's recursion limit, set again in each test's child
 # Captured before any program runs: a program that patches marshal or json changes its own copy of
 # the module attribute, not these references.
@@ -342,6 +332,8 @@ def child(setup: dict, text: str, fds: tuple[int, int, int, int | None]) -> None
     namespace["__name__"] = "solution" if mode == "functional" else "__main__"
     try:
         if mode == "functional":
+            import json  # the driver loaded it for a functional program: no import per test
+
             args = [json.loads(line) for line in text.split("\n") if line.strip()]
         exec(compile(code, filename, "exec"), namespace)
         if mode != "functional":
@@ -381,6 +373,8 @@ def to_json(value, cap: int = VALUE_JSON_CAP) -> str:
     text longer than `cap`. marshal shares repeated objects, so a payload of a few hundred bytes
     can stand for a list of millions: the length is summed over distinct objects first (once per
     object), and the text is built only when it fits."""
+    import json  # a functional program's driver loaded it with the program
+
     sizes: dict[int, int] = {}
     open_: set[int] = set()  # containers being sized: meeting one again is a cycle
 
@@ -609,7 +603,24 @@ def run_test(setup: dict, test: dict, reply: int, contained: bool, scratch: tupl
         wipe(scratch[0])
     except OSError:
         done["spent"] = True
-    send(reply, b"D", json.dumps(done).encode("utf-8"))
+    send(reply, b"D", done_json(done).encode("ascii"))
+
+
+def done_json(done: dict) -> str:
+    """A D frame's JSON: a flat dict of None, bools, ints, finite floats and strings. Written here,
+    not by `json`, whose import (re, enum, collections) would cost every driver more than a test."""
+    from _json import encode_basestring_ascii as string  # json.dumps's own string encoder
+
+    parts = []
+    for key, value in done.items():
+        if value is None or type(value) is bool:
+            text = {None: "null", True: "true", False: "false"}[value]
+        elif type(value) in (int, float):
+            text = repr(value)  # ints, and wall_s, which is finite: repr is JSON
+        else:
+            text = string(value)
+        parts.append(f"{string(key)}: {text}")
+    return "{" + ", ".join(parts) + "}"
 
 
 class _Quitter:
@@ -638,7 +649,7 @@ def main() -> None:
     frame = read_frame(request)
     if frame is None or frame[0] != b"S":
         sys.exit("atlas sandbox driver: expected a setup frame")
-    setup = json.loads(frame[1])
+    setup = marshal.loads(frame[1])
     # Every process and thread of the sandbox's uid counts, the driver and bwrap's monitor included.
     limit = setup["max_processes"] + 2
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
@@ -655,27 +666,31 @@ def main() -> None:
         sys.exit(f"atlas sandbox driver: no seccomp system call table for {machine}")
     memory = (setup["memory_mb"] + DRIVER_HEADROOM_MB) << 20
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    if setup["imports"]:
-        exec(IMPORTS, _prefix)  # once here: each test's child starts from this namespace
-        sys.setrecursionlimit(DRIVER_RECURSION)  # the prefix's 50000 is for the program (child)
-    # What the driver has loaded lives as long as it does: frozen, a collection in a test's child
-    # never walks it (and never makes the fork copy its pages). BOOT turned collection off while
-    # the interpreter loaded it.
-    gc.freeze()
-    gc.enable()
-
     send(reply, b"R", b"")
     frame = read_frame(request)
     if frame is None:
         return  # never given a program: a sandbox started ahead and not needed
     if frame[0] != b"P":
         sys.exit("atlas sandbox driver: expected a program frame")
-    setup.update(json.loads(frame[1]))
+    setup.update(marshal.loads(frame[1]))
+    if setup["prefix"]:  # the part of lcb_runner's import prefix that this program can name
+        exec(setup["prefix"], _prefix)  # once here: each test's child starts from this namespace
+        sys.setrecursionlimit(DRIVER_RECURSION)  # the prefix's 50000 is for the program (child)
+    if setup["mode"] == "functional":
+        import json  # noqa: F401  (each test's child reads its arguments with it)
+    # The compiler's first use in a process sets up its state: done here once, not in every test's
+    # child (where it cost more than the rest of a short test).
+    compile(COMPILER_WARM_UP, "<warm-up>", "exec")
+    # What the driver has loaded lives as long as it does: frozen, a collection in a test's child
+    # never walks it (and never makes the fork copy its pages). BOOT turned collection off while
+    # the interpreter loaded it.
+    gc.freeze()
+    gc.enable()
     while True:
         frame = read_frame(request)
         if frame is None:
             return
-        run_test(setup, json.loads(frame[1]), reply, contained, (scratch, scratch_mode))
+        run_test(setup, marshal.loads(frame[1]), reply, contained, (scratch, scratch_mode))
 
 
 if __name__ == "__main__" and sys.argv[1:2] == [MARK]:

@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from atlas.errors import InputError
-from atlas.graders import cgroups, driver
+from atlas.graders import cgroups, driver, prefix
 
 if TYPE_CHECKING:
     from atlas.config import GraderConfig
@@ -500,7 +500,6 @@ class Sandbox:
         self.info, self.init_pid = info_r, None
         self.frames = _Frames(self.reply, self.proc.stderr.fileno())
         setup = {
-            "imports": self.mode != "script",
             "memory_mb": self.limits.memory_mb,
             "cpu_s": self.limits.cpu_s,
             "file_size_mb": self.limits.file_size_mb,
@@ -509,9 +508,7 @@ class Sandbox:
             "max_processes": self.limits.max_processes,
         }
         # Into an empty pipe: this never waits for the driver.
-        self.setup_sent = self._send(
-            b"S", json.dumps(setup).encode("utf-8"), time.monotonic() + START_TIMEOUT_S
-        )
+        self.setup_sent = self._send(b"S", marshal.dumps(setup), time.monotonic() + START_TIMEOUT_S)
 
     def load(self, code: str, *, func_name: str | None = None, mode: str | None = None) -> None:
         """Give the sandbox its program (`mode` defaults to the one it was started for: "stdin" and
@@ -527,11 +524,12 @@ class Sandbox:
             "mode": mode,
             "func_name": func_name,
             "filename": "main.py" if mode == "script" else "solution.py",
+            "prefix": "" if mode == "script" else prefix.needed(code),
         }
         deadline = time.monotonic() + START_TIMEOUT_S
         frame = self.frames.next(deadline) if self.setup_sent else None
         ready = frame is not None and frame[0] == b"R"
-        if not ready or not self._send(b"P", json.dumps(program).encode("utf-8"), deadline):
+        if not ready or not self._send(b"P", marshal.dumps(program), deadline):
             why = self.frames.stderr.decode("utf-8", errors="replace").strip()
             self.close()
             raise SandboxUnavailable(f"the sandbox did not start: {why or 'no reply from its driver'}")
@@ -562,7 +560,7 @@ class Sandbox:
         start = time.monotonic()
         deadline = start + timeout_s + HOST_GRACE_S
         out = _Capped(keep_bytes)
-        test = json.dumps({"input": stdin, "timeout_s": timeout_s}).encode("utf-8")
+        test = marshal.dumps({"input": stdin, "timeout_s": timeout_s})
         done = None
         if self._send(b"T", test, deadline):
             while (frame := self.frames.next(deadline)) is not None:
