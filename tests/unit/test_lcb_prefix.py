@@ -1,6 +1,6 @@
 """The part of lcb_runner's import prefix a program gets: every name its source spells is bound to
 the object the whole prefix binds, and the whole prefix is sent where the source could reach the
-namespace by a name it does not spell."""
+namespace by a name it does not spell; and the driver's reply, JSON written without the json module."""
 
 from __future__ import annotations
 
@@ -155,3 +155,28 @@ def test_a_functional_program_naming_typing_passes_and_one_naming_no_module_load
     bare = "import sys\nprint(sorted(m for m in sys.modules if m.startswith(('typi', 'coll', 'jso', 'statis', 'rand'))))\n"
     verdict = grade_code(bare, [Case(input="", output="[]", testtype="stdin")], func_name=None, cfg=cfg)
     assert (verdict.passed, verdict.status) == (1, "passed"), verdict
+
+
+@pytest.mark.parametrize(
+    "done",
+    [
+        {"status": "ok", "returncode": 0, "wall_s": 0.0123, "stderr": "", "value": None, "spent": False},
+        {
+            "status": "error",
+            "returncode": -9,
+            "wall_s": 1e-05,
+            "stderr": 'a "quoted"\\ line\n\t\x00\x1f é 中 😀',
+            "value": "[1, 2]",
+            "spent": True,
+        },
+    ],
+)
+def test_the_drivers_done_frame_is_the_json_of_its_dict(done):
+    import json
+
+    from atlas.graders.driver import done_json
+
+    text = done_json(done)
+    assert text.isascii()
+    assert json.loads(text) == done
+    assert text == json.dumps(done)  # json.dumps's own separators and escapes
