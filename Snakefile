@@ -23,7 +23,7 @@ SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 PYTHONPATH = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
 shell.prefix(f"export PYTHONPATH={shlex.quote(PYTHONPATH)}; ")
-from atlas.config import check_yaml_files, parse_config
+from atlas.config.study import check_yaml_files, parse_config
 from atlas.runtime.tools import check_runtime_bounds
 
 

@@ -1,6 +1,6 @@
 # Helpers shared by the rule files. The source files a stage runs, and the config slice it reads.
 
-from atlas.config import config_slice
+from atlas.config.study import config_slice
 from atlas.hashing import canonical_json
 from atlas.sources import module_files
 

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.data.lcb import read_lcb
 from atlas.graders.lcb import grade_many
 from atlas.graders.sandbox import isolation_available

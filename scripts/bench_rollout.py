@@ -55,7 +55,7 @@ from types import SimpleNamespace
 import torch
 from transformers import AutoTokenizer
 
-from atlas.config import merged, parse_config, read_yaml
+from atlas.config.study import merged, parse_config, read_yaml
 from atlas.runtime.engine import serve_in_rounds
 from atlas.runtime.fast_engine import CLOCK_COUNTS, CLOCK_SECONDS
 from atlas.runtime.inputs import read_questions, read_tests, smoke_slice

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from atlas.config import RuntimeConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.hashing import atomic_write_json
 from atlas.runtime.session import load_runtime
 from atlas.runtime.synthetic import tool_requests

@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.data.lcb import read_lcb
 from atlas.graders.sandbox import Sandbox, SandboxLimits, isolation_available
 

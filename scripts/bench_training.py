@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from atlas.config import TrainSlice, config_slice, load_config
+from atlas.config.study import config_slice, load_config
+from atlas.config.training import TrainSlice
 from atlas.hashing import atomic_write_json
 from atlas.rl.checkpoint import save_compact
 from atlas.rl.step import open_session, train_step

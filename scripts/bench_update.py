@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from atlas.config import PPOConfig, TrainingConfig
+from atlas.config.training import PPOConfig, TrainingConfig
 from atlas.model.liger import wanted
 from atlas.model.shapes import SYNTHETIC_VOCAB, base_parameters, shape_model
 from atlas.rl.checkpoint import save_compact

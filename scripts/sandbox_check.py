@@ -20,7 +20,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.data.lcb import parse_row
 from atlas.graders import sandbox
 from atlas.graders.lcb import grade_code

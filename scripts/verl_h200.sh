@@ -40,7 +40,7 @@ if [[ $what == slices ]]; then
 import json, sys
 from pathlib import Path
 
-from atlas.config import config_slice, merged, parse_config, read_yaml
+from atlas.config.study import config_slice, merged, parse_config, read_yaml
 from atlas.hashing import canonical_json
 
 base, overlay, dest = sys.argv[1:]

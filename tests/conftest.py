@@ -246,7 +246,7 @@ def _build_model(out: Path) -> Path:
     """The embedded default's model, built into `out` by the build stage's main() in this process
     (the pipeline runs the same stage as a Snakemake job), in the repository as its working folder:
     the config names the tokenizer's corpus, and the manifest its files, relative to it."""
-    from atlas.config import config_slice, load_config
+    from atlas.config.study import config_slice, load_config
     from atlas.stages import build_tiny_model
 
     s = config_slice(load_config(REPO / "config" / "config.yaml"), "model")
@@ -301,7 +301,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 def prepare_data_dir(out: Path) -> Path:
     """Prepare results/data/ of the embedded default into the existing folder `out`."""
-    from atlas.config import config_slice, load_config
+    from atlas.config.study import config_slice, load_config
     from atlas.stages import prepare_data
 
     s = config_slice(load_config(REPO / "config" / "config.yaml"), "data")
@@ -323,7 +323,7 @@ SUITE_CONFIG = REPO / ".test" / "config" / "config.yaml"
 def suite_config_raw() -> dict:
     import yaml
 
-    from atlas.config import merged
+    from atlas.config.study import merged
 
     base = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
     return merged(base, yaml.safe_load(SUITE_CONFIG.read_text(encoding="utf-8")))
@@ -331,7 +331,7 @@ def suite_config_raw() -> dict:
 
 def suite_config():
     """The typed config of the suite's pipeline run (what `pipeline`'s config/config.yaml holds)."""
-    from atlas.config import parse_config
+    from atlas.config.study import parse_config
 
     return parse_config(suite_config_raw(), str(SUITE_CONFIG))
 

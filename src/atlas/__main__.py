@@ -41,7 +41,7 @@ def _verify(paths: list[str], skip_sources: bool, no_cache: bool = False) -> int
 
 
 def _schema(check: str | None) -> int:
-    from atlas.config import json_schema_text
+    from atlas.config.study import json_schema_text
 
     text = json_schema_text()
     if check is None:
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "schema":
         return _schema(args.check)
     if args.command == "config":
-        from atlas.config import ConfigError, load_config
+        from atlas.config.base import ConfigError
+        from atlas.config.study import load_config
 
         try:
             cfg = load_config(args.file)

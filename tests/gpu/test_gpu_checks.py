@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from atlas.checks.roundtrip import probes
-from atlas.config import TrainingConfig
+from atlas.config.training import TrainingConfig
 from atlas.model.policy import ROLES
 from atlas.rl.checkpoint import export_adapters
 from atlas.rl.serving import build_policy

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from atlas.config import RuntimeConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.runtime.fast_engine import StaticEngine
 from atlas.runtime.session import make_runtime
 from unit.test_fast_engine import FollowUps, conversations, requests_for

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from atlas.config import RuntimeConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.runtime.engine import GenerationRequest, HFEngine
 from atlas.runtime.fast_engine import StaticEngine
 from atlas.runtime.kv_pool import KVPool, Layout, pool_attention

@@ -48,7 +48,7 @@ def test_ppo_update_on_cuda_packed_by_default_and_close_to_the_padded_path():
     """atlas.rl.ppo on a bf16 model on the GPU: remove_padding auto takes the packed path (varlen
     FlashAttention-2, chunked head, fused LoRA), with gradient checkpointing; its log-probs, values
     and losses stay within bf16 rounding of the padded path's, and the update moves the adapters."""
-    from atlas.config import PPOConfig, TrainingConfig
+    from atlas.config.training import PPOConfig, TrainingConfig
     from atlas.model.policy import ActorCritic
     from atlas.rl.ppo import Batch, Passes, prepare, update
     from atlas.rl.replay import ReplayedMasks
@@ -102,7 +102,7 @@ def test_liger_kernels_leave_the_update_within_bf16_of_the_plain_packed_path():
     pytest.importorskip("liger_kernel")
     from transformers.models.qwen3 import modeling_qwen3
 
-    from atlas.config import PPOConfig, TrainingConfig
+    from atlas.config.training import PPOConfig, TrainingConfig
     from atlas.model.liger import applied, apply_liger
     from atlas.model.policy import ActorCritic
     from atlas.rl.ppo import Batch, prepare, update
@@ -145,7 +145,7 @@ def test_liger_kernels_leave_the_update_within_bf16_of_the_plain_packed_path():
 def test_merged_rollout_model_matches_the_adapter_path_in_bf16():
     """atlas.model.merged on the GPU in bf16: the folded weights give the adapter path's
     log-probs within bf16 rounding, and the base stays bit-identical."""
-    from atlas.config import TrainingConfig
+    from atlas.config.training import TrainingConfig
     from atlas.model.merged import MergedModel
     from atlas.model.policy import ActorCritic
     from unit.test_packing import tiny_lm

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from atlas.config import config_slice, load_config
+from atlas.config.study import config_slice, load_config
 from atlas.hashing import verify
 from conftest import alive, copy_pipeline, copy_workflow, run_snakemake, survivors
 

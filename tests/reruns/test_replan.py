@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from atlas.config import load_config
+from atlas.config.study import load_config
 from conftest import REPO, copy_pipeline, copy_workflow
 from plans import downstream_of, job_graphs, to_run
 
@@ -57,6 +57,45 @@ MATRIX = [
     ),
     ("data/gpqa.py", EVERY - {"build_tiny_model"}, EVERY - {"build_tiny_model"}),
     ("model/tiny.py", EVERY - {"prepare_data"}, EVERY - {"prepare_data"}),
+    # The config's sections: a stage imports the sections its slice holds, and never the whole
+    # study, which only the Snakefile and the command line read. A field's description in the
+    # report's section reruns the report alone.
+    ("config/report.py", {"report"}, {"report"}),
+    ("config/study.py", set(), set()),
+    ("config/base.py", EVERY, EVERY),
+    ("config/data.py", EVERY - {"build_tiny_model"}, EVERY - {"build_tiny_model"}),
+    ("config/model.py", EVERY - {"prepare_data"}, EVERY - {"prepare_data"}),
+    *(
+        (
+            f"config/{section}.py",
+            EVERY - {"prepare_data", "build_tiny_model"},
+            EVERY - {"prepare_data", "build_tiny_model"},
+        )
+        for section in ("runtime", "graders", "resources")
+    ),
+    ("config/training.py", AFTER_TRAINING | BASE, AFTER_TRAINING | BASE),
+    ("config/smoke.py", {"smoke", "boundary", "report"}, {"smoke", "boundary", "report"}),
+    ("config/checks.py", CHECKS | {"report"}, CHECKS | {"report"}),
+    ("config/validation.py", TRAINED | BASE | {"report"}, TRAINED | BASE | {"report"}),
+    # The contracts, each read by the stages that write or read its files; the code every stage runs.
+    ("contracts/questions.py", EVERY - {"build_tiny_model"}, EVERY - {"build_tiny_model"}),
+    (
+        "contracts/records.py",
+        EVERY - {"prepare_data", "build_tiny_model"},
+        EVERY - {"prepare_data", "build_tiny_model"},
+    ),
+    (
+        "contracts/parquet.py",
+        EVERY - {"prepare_data", "build_tiny_model"},
+        EVERY - {"prepare_data", "build_tiny_model"},
+    ),
+    (
+        "contracts/protocol.py",
+        EVERY - {"prepare_data", "build_tiny_model", "boundary"},
+        EVERY - {"prepare_data", "build_tiny_model", "boundary"},
+    ),
+    ("stage.py", EVERY, EVERY),
+    ("hashing.py", EVERY, EVERY),
 ]
 
 

@@ -11,7 +11,7 @@ import sys
 
 import polars as pl
 
-from atlas.config import config_slice, load_config
+from atlas.config.study import config_slice, load_config
 from atlas.rl.tracking import read_history
 from conftest import copy_pipeline, run_snakemake
 

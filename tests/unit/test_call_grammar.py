@@ -10,7 +10,7 @@ import json
 import pytest
 import xgrammar as xgr
 
-from atlas.config import ConfigError
+from atlas.config.base import ConfigError
 from atlas.runtime.grammar import CallGrammars, arguments_ebnf, grammar_tokenizer_info, structural_tag
 from atlas.runtime.tools import UTF8_SLACK_TOKENS, CodeBounds, Tool, gpqa_tools, lcb_tools, token_bound
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from atlas.checks.compact import base_parameter_names, compact_checkpoint_validation
 from atlas.checks.roundtrip import metric_rel_tol, policy_roundtrip, same_metrics
-from atlas.config import TrainingConfig
+from atlas.config.training import TrainingConfig
 from atlas.errors import CheckFailed
 from atlas.model.policy import ROLES, ActorCritic
 from atlas.rl.checkpoint import save_trainable

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from atlas.config import TrainingConfig
+from atlas.config.training import TrainingConfig
 from atlas.hashing import verify
 from atlas.model.policy import ROLES
 from atlas.rl.checkpoint import export_adapters, latest_checkpoint, load_compact, save_compact

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from atlas.config import TrainingConfig
+from atlas.config.training import TrainingConfig
 from atlas.hashing import MANIFEST
 from atlas.model.policy import ROLES
 from atlas.rl.checkpoint import (

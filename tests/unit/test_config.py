@@ -3,7 +3,8 @@ import copy
 import pytest
 import yaml
 
-from atlas.config import AtlasConfig, ConfigError, config_slice, json_schema_text, load_config, parse_config
+from atlas.config.base import ConfigError
+from atlas.config.study import AtlasConfig, config_slice, json_schema_text, load_config, parse_config
 from conftest import REPO
 
 
@@ -171,7 +172,8 @@ def test_a_training_slice_holds_only_its_own_run():
 
 
 def test_checks_resume_the_first_checkpoints_and_sit_in_their_own_slice():
-    from atlas.config import ChecksConfig, config_slice, load_config
+    from atlas.config.checks import ChecksConfig
+    from atlas.config.study import config_slice, load_config
 
     assert [ChecksConfig().resumes(i) for i in range(3)] == [True, False, False]
     assert [ChecksConfig(resumed_steps=2).resumes(i) for i in range(3)] == [True, True, False]
@@ -188,7 +190,7 @@ def test_checks_resume_the_first_checkpoints_and_sit_in_their_own_slice():
 
 
 def test_a_config_laid_over_another_merges_nested_mappings_key_by_key():
-    from atlas.config import merged
+    from atlas.config.study import merged
 
     base = {"training": {"engine": "local", "ppo": {"actor_lr": 1e-3, "epochs": 1}}, "seed": 0}
     over = {"training": {"ppo": {"epochs": 2}, "runs": ["a"]}, "seed": {"not": "an int"}}
@@ -206,7 +208,7 @@ def test_a_config_laid_over_another_merges_nested_mappings_key_by_key():
 def test_every_shipped_config_parses_over_the_embedded_default(name):
     """Each config/*.yaml, merged over config/config.yaml as --configfile merges it, is a valid
     config; the GPU ones ask for CUDA."""
-    from atlas.config import merged
+    from atlas.config.study import merged
 
     base = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
     overlay = yaml.safe_load((REPO / "config" / name).read_text(encoding="utf-8"))

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from atlas.config import ResourcesConfig
+from atlas.config.resources import ResourcesConfig
 from atlas.rl.distributed import Ranks, Share, StepSync, merge_reports
 from atlas.runtime.protocol import ProtocolReport
 from conftest import REPO

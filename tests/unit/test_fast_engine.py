@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from atlas.config import RuntimeConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.runtime import kv_pool
 from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.fast_engine import StaticEngine, bucket, pool_positions

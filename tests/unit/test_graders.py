@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.data.lcb import read_lcb
 from atlas.data.schema import TestCase as Case  # not `Test*`: pytest would collect it
 from atlas.graders import sandbox

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.data.schema import TestCase as Case  # not `Test*`: pytest would collect it
 from atlas.graders import prefix
 from atlas.graders.lcb import grade_code

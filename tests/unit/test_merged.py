@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from atlas.config import TrainingConfig
+from atlas.config.training import TrainingConfig
 from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
 
@@ -78,7 +78,7 @@ def test_rollouts_sample_from_the_copy_the_config_names(ac, tiny_model, setting)
     training.merged_rollouts says so (auto: on a GPU only), else the adapters."""
     from transformers import AutoTokenizer
 
-    from atlas.config import RuntimeConfig
+    from atlas.config.runtime import RuntimeConfig
     from atlas.rl.serving import rollout_runtime
 
     training = TRAINING.model_copy(update={"merged_rollouts": setting})

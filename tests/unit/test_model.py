@@ -6,7 +6,7 @@ import torch
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from atlas.config import config_slice, load_config
+from atlas.config.study import config_slice, load_config
 from atlas.hashing import tree_files, verify
 from atlas.stages import build_tiny_model
 from conftest import REPO

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from atlas.config import PPOConfig, TrainingConfig
+from atlas.config.training import PPOConfig, TrainingConfig
 from atlas.model.fused_lora import fused_lora
 from atlas.model.policy import ActorCritic
 from atlas.rl.fused_head import head_logprobs, output_weight, packed_token_logprobs, unpack_bitmask

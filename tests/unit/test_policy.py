@@ -5,7 +5,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from atlas.config import TrainingConfig
+from atlas.config.training import TrainingConfig
 from atlas.model.policy import ActorCritic
 
 TRAINING = TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8)

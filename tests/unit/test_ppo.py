@@ -4,7 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from atlas.config import GraderConfig, PPOConfig, RuntimeConfig, TrainingConfig
+from atlas.config.graders import GraderConfig
+from atlas.config.runtime import RuntimeConfig
+from atlas.config.training import PPOConfig, TrainingConfig
 from atlas.model.policy import ActorCritic
 from atlas.rl.potentials import make_potential
 from atlas.rl.ppo import Batch, lr_factor, make_batch, make_optimizers, ppo_update, prepare

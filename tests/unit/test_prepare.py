@@ -4,7 +4,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from atlas.config import config_slice, load_config
+from atlas.config.study import config_slice, load_config
 from atlas.contracts.questions import TESTS_SCHEMA, TRAIN_SCHEMA, VAL_SCHEMA
 from atlas.data.schema import DataError
 from atlas.hashing import verify

@@ -300,7 +300,7 @@ def test_training_refuses_a_second_writer_before_it_loads_torch(tmp_path, data_d
     environment of one process (no WORLD_SIZE) does not make it skip the lock."""
     import fcntl
 
-    from atlas.config import config_slice, load_config
+    from atlas.config.study import config_slice, load_config
 
     s = config_slice(load_config(REPO / "config" / "config.yaml"), "training", "training_smoke")
     root = tmp_path / "checkpoints" / "training_smoke"

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from atlas.config import GraderConfig, RuntimeConfig
+from atlas.config.graders import GraderConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.rl.replay import masked_logprobs, replay_masks
 from atlas.runtime.episode import EpisodeSpec, run_episodes
 from atlas.runtime.inputs import read_questions, read_tests

@@ -16,7 +16,8 @@ from xgrammar.structural_tag import (
 )
 
 from atlas.chat import CALL_CLOSE, CALL_OPEN
-from atlas.config import GraderConfig, RuntimeConfig
+from atlas.config.graders import GraderConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.runtime.engine import GenerationRequest
 from atlas.runtime.episode import EpisodeSpec, run_episodes, start_episode
 from atlas.runtime.grammar import CompiledCall
@@ -450,7 +451,7 @@ def test_run_tests_without_public_tests_answers_instead_of_crashing():
 
 
 def test_runtime_bounds_are_checked_from_the_config_alone():
-    from atlas.config import ConfigError
+    from atlas.config.base import ConfigError
 
     bound = check_runtime_bounds(RUNTIME)
     # By hand: the longest LCB generation (135 tokens, see longest_lcb_generation) plus the free

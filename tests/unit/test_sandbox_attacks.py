@@ -566,7 +566,7 @@ def test_a_killed_grader_leaves_nothing(workflow, sig):
 
 
 GRADE_MANY = """
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.data.schema import TestCase
 from atlas.graders.lcb import grade_many
 jobs = [("import time\\ntime.sleep(30)", [TestCase("stdin", "", "0")], None)] * 6

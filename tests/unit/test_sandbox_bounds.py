@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.graders.sandbox import SandboxLimits, _Capped
 
 # Every field a value no other field has, so a limit read from the wrong key shows.

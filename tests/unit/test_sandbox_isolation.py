@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlas.config import GraderConfig, config_slice, load_config
+from atlas.config.graders import GraderConfig
+from atlas.config.study import config_slice, load_config
 from atlas.data.schema import TestCase as Case  # not `Test*`: pytest would collect it
 from atlas.graders import cgroups
 from atlas.graders.lcb import compare_functional, grade_code, grade_many

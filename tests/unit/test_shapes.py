@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
 from atlas.chat import CALL_CLOSE, CALL_OPEN, IM_END
-from atlas.config import ModelConfig
+from atlas.config.model import ModelConfig
 from atlas.model.shapes import SHAPES, base_parameters, shape_model, synthetic_tokenizer
 
 SMALL = dict(
@@ -137,7 +137,7 @@ def test_the_h200_config_builds_the_1_7b_shape_and_trains_on_the_report_batch():
     """config/h200.yaml over config/config.yaml, as snakemake --configfile merges it."""
     import yaml
 
-    from atlas.config import merged, parse_config
+    from atlas.config.study import merged, parse_config
 
     repo = Path(__file__).resolve().parents[2]
     raw = merged(*(yaml.safe_load((repo / "config" / n).read_text()) for n in ("config.yaml", "h200.yaml")))

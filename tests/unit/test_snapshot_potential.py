@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import atlas.rl.snapshot as snapshot
-from atlas.config import TrainingConfig
+from atlas.config.training import TrainingConfig
 from atlas.hashing import sha256_file
 from atlas.model.policy import ActorCritic
 from atlas.rl.checkpoint import save_trainable

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from atlas import sources
 from atlas.sources import module_files
 from conftest import REPO
@@ -10,10 +12,34 @@ def test_data_stage_runs_the_readers_but_not_the_model():
     for f in ("gpqa.py", "lcb.py", "schedule.py", "schema.py", "__init__.py"):
         assert f"src/atlas/data/{f}" in files
     assert "src/atlas/stages/prepare_data.py" in files and "src/atlas/stages/__init__.py" in files
-    for f in ("__init__.py", "config.py", "hashing.py", "stage.py", "errors.py", "sources.py"):
+    for f in ("__init__.py", "hashing.py", "stage.py", "errors.py", "sources.py"):
         assert f"src/atlas/{f}" in files
+    config = sorted(f.rpartition("/")[2] for f in files if f.startswith("src/atlas/config/"))
+    assert config == ["__init__.py", "base.py", "data.py"]
     assert not any(f.startswith("src/atlas/model/") for f in files)
     assert "src/atlas/__main__.py" not in files
+
+
+@pytest.mark.parametrize(
+    ("stage", "sections"),
+    [
+        ("report", ["report"]),
+        ("build_tiny_model", ["model"]),
+        ("smoke", ["graders", "resources", "runtime", "smoke"]),
+        ("boundary", ["graders", "resources", "runtime", "smoke"]),
+        ("train", ["data", "graders", "resources", "runtime", "training"]),
+        ("dose_step", ["data", "graders", "resources", "runtime", "training"]),
+        ("checks", ["checks", "data", "graders", "resources", "runtime", "training"]),
+        ("validation", ["data", "graders", "resources", "runtime", "training", "validation"]),
+        ("train_verl", ["data", "graders", "resources", "runtime", "training"]),
+    ],
+)
+def test_a_stage_runs_the_config_sections_of_its_slice_alone(stage, sections):
+    """No stage imports the whole study (atlas.config.study): an edit to a section's code is a
+    code input of the stages that read that section only."""
+    files = module_files(f"atlas.stages.{stage}", relative_to=REPO)
+    config = sorted(f.rpartition("/")[2][:-3] for f in files if f.startswith("src/atlas/config/"))
+    assert config == sorted(["__init__", "base", *sections])
 
 
 def test_model_stage_does_not_run_the_readers():

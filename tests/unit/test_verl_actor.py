@@ -22,7 +22,7 @@ from verl.utils import torch_functional as verl_F  # noqa: E402
 from verl.workers.engine.base import EngineRegistry  # noqa: E402
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
 
-from atlas.config import load_config  # noqa: E402
+from atlas.config.study import load_config  # noqa: E402
 from atlas.rl.ppo import token_logprobs  # noqa: E402
 from atlas.rl.replay import replay_masks  # noqa: E402
 from atlas.runtime.session import load_model, load_runtime  # noqa: E402

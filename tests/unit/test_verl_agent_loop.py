@@ -25,7 +25,7 @@ if not os.environ.get("ATLAS_REQUIRE_VERL"):
 from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
 
-from atlas.config import config_slice, load_config, parse_config  # noqa: E402
+from atlas.config.study import config_slice, load_config, parse_config  # noqa: E402
 from atlas.rl.potentials import make_potential, register_potential  # noqa: E402
 from atlas.rl.rewards import RewardPlacementError, shape_episode  # noqa: E402
 from atlas.runtime.episode import EpisodeSpec, run_episodes  # noqa: E402

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlas.config import AtlasConfig, ConfigError, load_config, parse_config
+from atlas.config.base import ConfigError
+from atlas.config.study import AtlasConfig, config_slice, load_config, parse_config
+from atlas.config.training import TrainSlice
 from atlas.verl.config import (
     AGENT_LOOP,
     VERL_ENTRY,
@@ -63,6 +65,13 @@ def tiny_verl(verl: dict | None = None, training: dict | None = None, **ppo) -> 
         raw["training"]["ppo"].update(ppo)
 
     return edited("config.yaml", edit)
+
+
+def overrides_for(cfg: AtlasConfig, run: str, paths: VerlPaths) -> list[str]:
+    """verl_overrides of run `run`'s slice, as the train_verl stage gets it (engine verl)."""
+    raw = cfg.model_dump(mode="json")
+    raw["training"]["engine"] = "verl"
+    return verl_overrides(TrainSlice.model_validate(config_slice(parse_config(raw), "training", run)), paths)
 
 
 def verl_paths(root: Path, model: Path) -> VerlPaths:
@@ -112,7 +121,7 @@ def hf_model(tmp_path_factory) -> Path:
 def report25(hf_model, tmp_path_factory):
     """report25.yaml's zero_potential arm: its paths, its overrides, and verl's composed config."""
     paths = verl_paths(tmp_path_factory.mktemp("report25"), hf_model)
-    overrides = verl_overrides(load_config(REPO / "config" / "report25.yaml"), "zero_potential", paths)
+    overrides = overrides_for(load_config(REPO / "config" / "report25.yaml"), "zero_potential", paths)
     return paths, overrides, compose(overrides)
 
 
@@ -190,7 +199,7 @@ def test_the_attention_reaches_the_hf_configs_verl_builds(hf_model, tmp_path, mo
         lambda name, *a: object() if name == "flash_attn" else real_find_spec(name, *a),
     )
     cfg = tiny_verl({"attn_implementation": chosen})
-    c = compose(verl_overrides(cfg, "training_smoke", verl_paths(tmp_path, hf_model)))
+    c = compose(overrides_for(cfg, "training_smoke", verl_paths(tmp_path, hf_model)))
     want = "flash_attention_2" if chosen == "auto" else chosen  # flash-attn "installed" here
     assert c.actor_rollout_ref.model.override_config.attn_implementation == want
     assert c.critic.model.override_config.attn_implementation == want
@@ -232,7 +241,7 @@ def test_tiny_default_on_one_gpu_composes_and_user_overrides_come_last(hf_model,
         lr_schedule="cosine",
         min_lr_ratio=0.1,
     )
-    overrides = verl_overrides(cfg, "training_smoke", verl_paths(tmp_path, hf_model))
+    overrides = overrides_for(cfg, "training_smoke", verl_paths(tmp_path, hf_model))
     assert overrides[-1] == "actor_rollout_ref.rollout.n=4"
     c = compose(overrides)
     assert c.actor_rollout_ref.rollout.n == 4  # the user's override wins over responses_per_question (2)
@@ -258,7 +267,7 @@ def test_tiny_default_on_one_gpu_composes_and_user_overrides_come_last(hf_model,
 @pytest.mark.verl
 def test_a_bad_extra_override_names_itself(hf_model, tmp_path, extra, named):
     cfg = tiny_verl({"overrides": [extra]})
-    overrides = verl_overrides(cfg, "zero_potential", verl_paths(tmp_path, hf_model))
+    overrides = overrides_for(cfg, "zero_potential", verl_paths(tmp_path, hf_model))
     with pytest.raises(ConfigError, match="verl") as err:
         compose(overrides)
     assert named in str(err.value)
@@ -274,18 +283,18 @@ def test_a_bad_extra_override_names_itself(hf_model, tmp_path, extra, named):
 )
 def test_ppo_settings_verl_cannot_express_raise(tmp_path, ppo, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        verl_overrides(tiny_verl(**ppo), "zero_potential", verl_paths(tmp_path, tmp_path / "model"))
+        overrides_for(tiny_verl(**ppo), "zero_potential", verl_paths(tmp_path, tmp_path / "model"))
 
 
 def test_the_cpu_default_has_no_gpus_for_verl(tmp_path):
     cfg = load_config(REPO / "config" / "config.yaml")
     with pytest.raises(ConfigError, match=r"resources\.gpus"):
-        verl_overrides(cfg, "zero_potential", verl_paths(tmp_path, tmp_path / "model"))
+        overrides_for(cfg, "zero_potential", verl_paths(tmp_path, tmp_path / "model"))
 
 
 def test_overrides_file_and_command(tmp_path):
     cfg = load_config(REPO / "config" / "report25.yaml")
-    overrides = verl_overrides(cfg, "frozen_potential", verl_paths(tmp_path / "a b", tmp_path / "model"))
+    overrides = overrides_for(cfg, "frozen_potential", verl_paths(tmp_path / "a b", tmp_path / "model"))
     assert len({o.split("=", 1)[0] for o in overrides}) == len(overrides)  # every key set once
     path = tmp_path / "run" / "verl_overrides.txt"
     write_overrides(path, overrides)

@@ -30,7 +30,7 @@ from verl.workers.config import FSDPOptimizerConfig  # noqa: E402
 from verl.workers.config.optimizer import build_optimizer  # noqa: E402
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine  # noqa: E402
 
-from atlas.config import TrainingConfig  # noqa: E402
+from atlas.config.training import TrainingConfig  # noqa: E402
 from atlas.model.policy import ActorCritic  # noqa: E402
 from atlas.verl import critic  # noqa: E402
 from atlas.verl.export import VerlCheckpointError, merged_state_dict, policy_tensors, write_policy_checkpoint  # noqa: E402

@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-from atlas.config import config_slice
+from atlas.config.study import config_slice
 from atlas.rl.recovery import VERL_TRACKER, verl_latest
 from atlas.verl.convert import VerlOutputError, read_episodes, retire_episodes
 from conftest import REPO

@@ -22,7 +22,7 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from atlas.config import load_config
+from atlas.config.study import load_config
 from atlas.rl.replay import unpack_bitmask
 from atlas.runtime.episode import EpisodeSpec, run_episodes
 from atlas.runtime.inputs import read_questions, read_tests

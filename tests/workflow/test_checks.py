@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from atlas.checks.compact import CheckFailed, compact_checkpoint_validation, optimizer_counts, verify_index
 from atlas.checks.roundtrip import batch_math
-from atlas.config import config_slice
+from atlas.config.study import config_slice
 from atlas.hashing import verify
 from conftest import suite_config
 

@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from transformers import AutoModelForCausalLM
 
 from atlas.checks.roundtrip import next_token_logprobs
-from atlas.config import TrainingConfig
+from atlas.config.training import TrainingConfig
 from atlas.contracts.parquet import read_table
 from atlas.model.policy import ROLES, ActorCritic
 

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from atlas.config import AtlasConfig, load_config
+from atlas.config.study import AtlasConfig, load_config
 from atlas.data.lcb import parse_row
 from atlas.data.schema import DataError, Question
 from atlas.errors import InputError

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.data.schema import TestCase
 from atlas.graders.sandbox import SANDBOX_ENDED, RunResult, Sandbox, SandboxLimits
 

@@ -74,7 +74,7 @@ from atlas.errors import InputError
 from atlas.graders import cgroups, driver, prefix
 
 if TYPE_CHECKING:
-    from atlas.config import GraderConfig
+    from atlas.config.graders import GraderConfig
 
 SCRATCH_PREFIX = "atlas-sandbox-"
 SCRATCH_NAME = re.compile(r"atlas-sandbox-(\d{1,10})-[A-Za-z0-9_]{1,16}")  # tempfile.mkdtemp's names

@@ -20,7 +20,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from atlas.config import TrainingConfig
+from atlas.config.training import TrainingConfig
 
 ROLES = ("actor", "critic")
 

@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from atlas.chat import IM_END, PAD
-from atlas.config import ModelConfig
+from atlas.config.model import ModelConfig
 from atlas.model.tiny import build_tokenizer, padded_vocab_size, synthetic_lines, train_tokenizer
 
 # Qwen3-1.7B and Qwen3-8B (their config.json), head_dim 128; the vocabulary comes from the tokenizer.

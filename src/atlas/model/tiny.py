@@ -17,7 +17,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from atlas.chat import CALL_CLOSE, CALL_OPEN, IM_END, IM_START, PAD, RESPONSE_CLOSE, RESPONSE_OPEN
-from atlas.config import TinyModelConfig
+from atlas.config.model import TinyModelConfig
 
 # Control tokens are special (skipped when decoding); the tool tags are ordinary added tokens,
 # as in Qwen, so decoded text shows the call.

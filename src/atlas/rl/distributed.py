@@ -37,7 +37,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from atlas.config import PPOConfig, ResourcesConfig
+from atlas.config.resources import ResourcesConfig
+from atlas.config.training import PPOConfig
 from atlas.model.policy import ROLES, ActorCritic
 from atlas.rl.ppo import Batch, OneProcess, Prepared, advantages_of, forward_passes, prepare, update
 from atlas.runtime.protocol import ProtocolReport

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from atlas.config import PPOConfig
+from atlas.config.training import PPOConfig
 from atlas.model.fused_lora import fused_lora
 from atlas.model.liger import liger_rope
 from atlas.model.policy import ActorCritic

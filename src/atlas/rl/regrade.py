@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from atlas.config import GraderConfig, RuntimeConfig
+from atlas.config.graders import GraderConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.contracts.parquet import read_table
 from atlas.hashing import aside_path, atomic_write_json, sha256_bytes
 from atlas.rl.journal import step_dir, val_dir

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from atlas.config import GraderConfig, RuntimeConfig
+from atlas.config.graders import GraderConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.rl.potentials import Potential, evaluate_potentials
 from atlas.rl.ppo import Batch, Prepared, make_batch
 from atlas.rl.replay import replay_masks

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from atlas.config import RuntimeConfig, TrainingConfig
+from atlas.config.runtime import RuntimeConfig
+from atlas.config.training import TrainingConfig
 from atlas.model.liger import apply_liger, wanted
 from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import torch
 
-from atlas.config import GraderConfig, PPOConfig, RunConfig, RuntimeConfig, TrainingConfig, TrainSlice
+from atlas.config.graders import GraderConfig
+from atlas.config.runtime import RuntimeConfig
+from atlas.config.training import PPOConfig, RunConfig, TrainingConfig, TrainSlice
 from atlas.graders.sandbox import require_sandbox
 from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic

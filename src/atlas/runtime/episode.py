@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas.config import GraderConfig, RuntimeConfig
+from atlas.config.graders import GraderConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.data.schema import TestCase
 from atlas.hashing import canonical_json, sha256_bytes
 from atlas.runtime.engine import Arrivals, Generation, GenerationRequest

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.data.schema import TestCase
 from atlas.graders.gpqa import grade_letter
 from atlas.graders.lcb import grade_code, summarize

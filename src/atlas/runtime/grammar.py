@@ -36,7 +36,7 @@ from xgrammar.structural_tag import (
 )
 
 from atlas.chat import CALL_CLOSE, CALL_OPEN
-from atlas.config import ConfigError
+from atlas.config.base import ConfigError
 from atlas.runtime.tools import Tool, call_prefix, token_bound
 
 RUN_CLASS = r"[ !#-\[\]-~]"  # printable ASCII without quote and backslash

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from atlas.config import GraderConfig, RuntimeConfig
+from atlas.config.graders import GraderConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes
 from atlas.runtime.protocol import ProtocolReport, check_episodes
 from atlas.runtime.session import Runtime

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atlas.chat import CALL_CLOSE, CALL_OPEN
-from atlas.config import RuntimeConfig
+from atlas.config.runtime import RuntimeConfig
 from atlas.runtime.engine import HFEngine, LogitBias, RolloutEngine
 from atlas.runtime.fast_engine import StaticEngine
 from atlas.runtime.grammar import CallGrammars

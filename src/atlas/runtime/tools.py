@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from atlas.config import ConfigError, RuntimeConfig
+from atlas.config.base import ConfigError
+from atlas.config.runtime import RuntimeConfig
 from atlas.contracts.questions import LETTERS
 
 

@@ -25,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from atlas.config import BoundarySlice, GraderConfig, RuntimeConfig
+from atlas.config.graders import GraderConfig
+from atlas.config.runtime import RuntimeConfig
+from atlas.config.smoke import BoundarySlice
 from atlas.graders.sandbox import require_sandbox, sandboxed_processes
 from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes, start_episode
 from atlas.runtime.inputs import read_questions, read_tests, rollout_parser

@@ -18,7 +18,7 @@ import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from atlas.chat import CALL_CLOSE, CALL_OPEN, IM_END
-from atlas.config import ModelSlice
+from atlas.config.model import ModelSlice
 from atlas.errors import InputError
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.model.shapes import SHAPES, model_tokenizer, shape_model

@@ -52,7 +52,7 @@ from atlas.checks.roundtrip import (
     probe_batch,
     probes,
 )
-from atlas.config import ChecksSlice
+from atlas.config.checks import ChecksSlice
 from atlas.contracts.parquet import read_table
 from atlas.errors import CheckFailed
 from atlas.hashing import atomic_dir, atomic_write_json, is_bookkeeping, write_manifest

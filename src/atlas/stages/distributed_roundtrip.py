@@ -33,7 +33,7 @@ from atlas.checks.distributed import (
     load_full,
     step_grads,
 )
-from atlas.config import split_training
+from atlas.config.training import split_training
 from atlas.hashing import atomic_write_json
 from atlas.model.policy import ROLES
 from atlas.stage import StageParser, log, run

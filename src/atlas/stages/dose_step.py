@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from atlas.config import DoseSlice, RunConfig
+from atlas.config.training import DoseSlice, RunConfig
 from atlas.contracts import runs
 from atlas.contracts.records import TRAJECTORY_SCHEMA
 from atlas.graders.sandbox import require_sandbox

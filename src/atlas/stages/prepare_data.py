@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from atlas.config import DataConfig, DataSlice
+from atlas.config.data import DataConfig, DataSlice
 from atlas.contracts.questions import TESTS_SCHEMA, TRAIN_SCHEMA, VAL_SCHEMA
 from atlas.data.gpqa import read_gpqa
 from atlas.data.lcb import read_lcb

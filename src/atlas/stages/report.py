@@ -21,7 +21,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from atlas.config import ReportSlice
+from atlas.config.report import ReportSlice
 from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.errors import InputError
 from atlas.hashing import MANIFEST, atomic_dir, atomic_write_text, write_manifest

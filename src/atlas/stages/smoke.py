@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-from atlas.config import SmokeSlice
+from atlas.config.smoke import SmokeSlice
 from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.graders.sandbox import require_sandbox
 from atlas.runtime.episode import EpisodeSpec, run_episodes

@@ -23,7 +23,7 @@ import time
 
 from tqdm import tqdm
 
-from atlas.config import TrainSlice
+from atlas.config.training import TrainSlice
 from atlas.hashing import sha256_file
 from atlas.rl import journal, recovery, runlock, tracking
 from atlas.rl.journal import checkpoint_points, validation_points

@@ -20,7 +20,7 @@ import os
 import shlex
 import subprocess
 
-from atlas.config import TrainSlice
+from atlas.config.training import TrainSlice
 from atlas.graders.sandbox import require_sandbox
 from atlas.hashing import sha256_file
 from atlas.rl import journal, recovery, runlock
@@ -28,7 +28,6 @@ from atlas.rl.journal import validation_points
 from atlas.runtime.inputs import training_inputs, training_parser
 from atlas.stage import code_files, log, run
 from atlas.verl import convert
-from atlas.verl.agent_loop import slice_config
 from atlas.verl.config import launch_command
 from atlas.verl.launch import prepare
 
@@ -45,10 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     s = args.config_slice
-    cfg = slice_config(s)
-    sl = TrainSlice.model_validate(s)
-    name, steps = sl.run.name, sl.run.steps
-    require_sandbox(sl.graders.allow_unsandboxed)  # verl's agent loop grades: bwrap missing stops here
+    cfg = TrainSlice.model_validate(s)
+    name, steps = cfg.run.name, cfg.run.steps
+    require_sandbox(cfg.graders.allow_unsandboxed)  # verl's agent loop grades: bwrap missing stops here
     root = args.checkpoints
     runlock.guard(root, name)  # one writer per run folder, dying with its parent
     fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in training_inputs(args)}}
@@ -58,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         done = recovery.verl_latest(root / "verl" / "checkpoints")
         if (aside := convert.retire_episodes(root / "episodes", done)) is not None:
             log(name, "episodes verl writes again moved aside", resumes_after=done, to=aside)
-    overrides, metrics, episodes, expected = prepare(args, cfg, name, steps, root)
+    overrides, metrics, episodes, expected = prepare(args, cfg, root)
     command = launch_command(overrides)
     if args.dry_run:
         print(shlex.join(command))

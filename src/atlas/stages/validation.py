@@ -33,7 +33,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from atlas.config import ValidationSlice
+from atlas.config.validation import ValidationSlice
 from atlas.contracts.answers import ANSWERS_SCHEMA
 from atlas.contracts.parquet import arrow_table
 from atlas.contracts.protocol import PINNED_COUNTS

@@ -46,7 +46,7 @@ import xgrammar as xgr
 from pydantic import BaseModel
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
-from atlas.config import AtlasConfig, RunConfig, TrainSlice
+from atlas.config.training import TrainSlice
 from atlas.hashing import atomic_path, canonical_json
 from atlas.rl.potentials import Potential, make_potential
 from atlas.rl.replay import unpack_bitmask
@@ -76,7 +76,7 @@ AGENT_NAME = "atlas_tool_agent"
 class LoopSettings(BaseModel):
     """What the agent loop needs beyond verl's own config: written by the launcher, one per run."""
 
-    config: dict[str, Any]  # the run's training config slice (atlas.config.config_slice)
+    config: dict[str, Any]  # the run's training config slice (atlas.config.study.config_slice)
     run: str
     vocab_size: int  # the model's logits width (xgrammar bitmasks are this wide)
     train: str  # results/data/train.parquet
@@ -87,31 +87,13 @@ class LoopSettings(BaseModel):
     records_dir: str
 
 
-def slice_config(s: dict[str, Any]) -> AtlasConfig:
-    """A training stage's config slice as an AtlasConfig holding only the keys the stage reads.
-
-    Snakemake validated the whole config; the slice holds one run (`training.run`), so the checks
-    across runs (a snapshot run must exist) are not repeated: the training keys are validated
-    without runs, then the one run is put back."""
-    sl = TrainSlice.model_validate(s)
-    run = RunConfig.model_validate(sl.run.model_dump(exclude={"name"}))
-    return AtlasConfig.model_construct(
-        seed=sl.seed,
-        schedule=sl.schedule,
-        runtime=sl.runtime,
-        graders=sl.graders,
-        training=sl.training.model_copy(update={"runs": {sl.run.name: run}}),
-        resources=sl.resources,
-    )
-
-
 class GrammarMismatchError(RuntimeError):
     """The rollout server returned a token the turn's grammar does not admit."""
 
 
 @dataclass
 class LoopSetup:
-    cfg: AtlasConfig
+    cfg: TrainSlice  # the run's slice, validated once
     run: str
     rt: Runtime
     questions: dict[str, dict]
@@ -135,7 +117,7 @@ def loop_setup(settings_path: str, tokenizer) -> LoopSetup:
     with _SETUP_LOCK:
         if settings_path not in _SETUPS:
             s = LoopSettings.model_validate_json(Path(settings_path).read_text())
-            cfg = slice_config(s.config)
+            cfg = TrainSlice.model_validate(s.config)
             rt = tool_runtime(tokenizer, s.vocab_size, cfg.runtime)
             questions = {q["question_uid"]: q for path in (s.train, s.val) for q in read_questions(path)}
             banned = torch.zeros(s.vocab_size, dtype=torch.bool)
@@ -167,10 +149,10 @@ def banned_bits(banned: set[int], vocab: int) -> tuple[torch.Tensor, torch.Tenso
     return words, clear[words]
 
 
-def build_potential(cfg: AtlasConfig, s: LoopSettings) -> Potential:
+def build_potential(cfg: TrainSlice, s: LoopSettings) -> Potential:
     """The run's potential through the same registry as the local trainer. A critic snapshot needs
     the base model and the snapshot critic in this process (on CPU: fine for small models only)."""
-    run = cfg.training.runs[s.run]
+    run = cfg.run
     if run.potential == "zero":
         return make_potential("zero")
     from atlas.model.policy import ActorCritic
@@ -324,7 +306,7 @@ def episode_output(
     masks: list[bytes],
 ) -> AtlasAgentLoopOutput:
     """Shape rewards (train only; validation rewards are the scores), and build verl's output."""
-    run = setup.cfg.training.runs[setup.run]
+    run = setup.cfg.run
     if phase == "train":
         placed = shape_episode(ep, setup.potential, gamma=setup.cfg.training.ppo.gamma, dose=run.dose)
         placed.write_to(ep.records)

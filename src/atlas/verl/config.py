@@ -1,7 +1,7 @@
 """Config generation for `engine: verl`: our config -> verl 0.9.1's Hydra overrides for one run.
 
     paths = VerlPaths(model=..., train_files=..., ...)      # files the launcher wrote
-    overrides = verl_overrides(cfg, "zero_potential", paths)
+    overrides = verl_overrides(train_slice, paths)        # the run's TrainSlice
     compose(overrides)                                       # verl's own config + startup checks
     write_overrides(run_folder / "verl_overrides.txt", overrides)
     subprocess.run(launch_command(overrides), check=True)
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atlas.config import AtlasConfig, ConfigError
+from atlas.config.base import ConfigError
+from atlas.config.training import TrainSlice
 from atlas.hashing import atomic_write_text
 
 # The V1 entry point: in 0.9.1 `verl.trainer.main_ppo` runs TaskRunnerV1 (PPOTrainerSync for
@@ -115,7 +116,7 @@ def hydra_value(value: Any) -> str:
 # Our config -> verl's keys
 
 
-def _gpus(cfg: AtlasConfig) -> tuple[int, int]:
+def _gpus(cfg: TrainSlice) -> tuple[int, int]:
     """(nnodes, GPUs per node). verl has no CPU platform, so a verl run needs GPUs."""
     v = cfg.training.verl
     per_node = v.gpus_per_node if v.gpus_per_node is not None else cfg.resources.gpus
@@ -132,7 +133,7 @@ def _gpus(cfg: AtlasConfig) -> tuple[int, int]:
     return v.nnodes, per_node
 
 
-def _mini_batch_prompts(cfg: AtlasConfig, n_gpus: int) -> int:
+def _mini_batch_prompts(cfg: TrainSlice, n_gpus: int) -> int:
     """verl's ppo_mini_batch_size counts prompts (it multiplies by rollout.n); ours splits the
     step's trajectories into `mini_batches` optimizer steps."""
     ppo, q = cfg.training.ppo, cfg.schedule.questions_per_step
@@ -151,7 +152,7 @@ def _mini_batch_prompts(cfg: AtlasConfig, n_gpus: int) -> int:
     return prompts
 
 
-def _warmup_steps(cfg: AtlasConfig) -> int:
+def _warmup_steps(cfg: TrainSlice) -> int:
     """verl steps its LR scheduler once per training step (after the step's last mini-batch),
     ours once per optimizer step; a warm-up converts only in whole training steps. (verl's ramp
     is k / w from 0, ours (k + 1) / (w + 1); with the report's warmup_steps 0 both are flat.)"""
@@ -165,7 +166,7 @@ def _warmup_steps(cfg: AtlasConfig) -> int:
     return ppo.warmup_steps // per_step
 
 
-def _optim(cfg: AtlasConfig, lr: float) -> dict[str, Any]:
+def _optim(cfg: TrainSlice, lr: float) -> dict[str, Any]:
     """One role's optimizer keys (actor_rollout_ref.actor.optim / critic.optim). The cosine
     schedule has verl's shape (min_lr_ratio floor, half cosine) but moves once per training step."""
     ppo = cfg.training.ppo
@@ -184,7 +185,7 @@ def _optim(cfg: AtlasConfig, lr: float) -> dict[str, Any]:
     }
 
 
-def _kl(cfg: AtlasConfig) -> dict[str, Any]:
+def _kl(cfg: TrainSlice) -> dict[str, Any]:
     """kl_mode 'loss' -> actor.use_kl_loss; 'reward' -> algorithm.use_kl_in_reward with a fixed
     controller. verl names the estimators k1/k2/k3/abs as we do (and kl/mse/low_var_kl)."""
     ppo = cfg.training.ppo
@@ -200,7 +201,7 @@ def _kl(cfg: AtlasConfig) -> dict[str, Any]:
     }
 
 
-def _unmappable(cfg: AtlasConfig) -> None:
+def _unmappable(cfg: TrainSlice) -> None:
     ppo = cfg.training.ppo
     if not ppo.whiten_advantages:
         raise ConfigError(
@@ -209,7 +210,7 @@ def _unmappable(cfg: AtlasConfig) -> None:
         )
 
 
-def attention(cfg: AtlasConfig) -> str:
+def attention(cfg: TrainSlice) -> str:
     """training.verl.attn_implementation resolved in this environment (the launch's, which is the
     workers')."""
     chosen = cfg.training.verl.attn_implementation
@@ -218,16 +219,15 @@ def attention(cfg: AtlasConfig) -> str:
     return "flash_attention_2" if importlib.util.find_spec("flash_attn") is not None else "sdpa"
 
 
-def verl_overrides(cfg: AtlasConfig, run: str, paths: VerlPaths) -> list[str]:
-    """verl's Hydra overrides for training run `run`, in the order main_ppo applies them; the
+def verl_overrides(cfg: TrainSlice, paths: VerlPaths) -> list[str]:
+    """verl's Hydra overrides for the slice's training run, in the order main_ppo applies them; the
     user's training.verl.overrides come last and so win."""
-    if run not in cfg.training.runs:
-        raise ConfigError(f"no training run {run!r} in training.runs ({sorted(cfg.training.runs)})")
+    run = cfg.run.name
     _unmappable(cfg)
     t, rt, ppo, v = cfg.training, cfg.runtime, cfg.training.ppo, cfg.training.verl
     nnodes, per_node = _gpus(cfg)
     mini = _mini_batch_prompts(cfg, nnodes * per_node)
-    steps = cfg.run_steps(run)
+    steps = cfg.run.steps
     logger = ["console", "file"] + ([] if t.wandb_mode == "disabled" else ["wandb"])
     if "wandb" in logger and paths.wandb_dir is None:
         raise ConfigError(f"training.wandb_mode is {t.wandb_mode!r}: VerlPaths.wandb_dir is needed")

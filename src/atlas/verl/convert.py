@@ -259,15 +259,15 @@ def export_policy(folder: Path, model_dir: Path, s: dict, last: Path | None) -> 
     exports them, and the index of verl's own checkpoint files."""
     from safetensors.torch import load_file
 
+    from atlas.config.training import TrainSlice
     from atlas.model.policy import ActorCritic
     from atlas.rl.checkpoint import export_adapters
     from atlas.runtime.session import load_model
-    from atlas.verl.agent_loop import slice_config
 
     if last is None:
         raise VerlOutputError(f"no verl checkpoint under {folder}: nothing to export as the run's policy")
     base, _ = load_model(model_dir)
-    ac = ActorCritic(base, slice_config(s).training, seed=s["seed"])
+    ac = ActorCritic(base, TrainSlice.model_validate(s).training, seed=s["seed"])
     for role in ("actor", "critic"):
         tensors = load_file(str(last / f"{role}.safetensors"))
         params = ac.trainable(role)

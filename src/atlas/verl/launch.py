@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from atlas.config import AtlasConfig
+from atlas.config.training import TrainSlice
 from atlas.hashing import atomic_path, atomic_write_json
 from atlas.runtime.episode import SYSTEM_PROMPT, question_prompt
 from atlas.runtime.inputs import read_questions, smoke_slice
@@ -65,12 +65,11 @@ def model_vocab_size(model_dir: Path) -> int:
     return int(AutoConfig.from_pretrained(model_dir).vocab_size)
 
 
-def prepare(
-    args, cfg: AtlasConfig, name: str, steps: int, root: Path
-) -> tuple[list[str], Path, Path, dict[str, int]]:
+def prepare(args, cfg: TrainSlice, root: Path) -> tuple[list[str], Path, Path, dict[str, int]]:
     """Write the datasets, the agent loop's settings and the overrides; return the overrides, the
     metrics file of this launch, the episodes folder and the episodes each step and validation
     point must have (questions x samples)."""
+    name, steps = cfg.run.name, cfg.run.steps
     verl_dir, episodes = root / "verl", root / "episodes"
     train = [q for q in read_questions(args.train) if q["step"] < steps]
     train.sort(key=lambda q: (q["step"], q["position"]))
@@ -109,7 +108,7 @@ def prepare(
         hydra_dir=str((verl_dir / "hydra").resolve()),
         rollout_data_dir=str((verl_dir / "rollouts").resolve()),
     )
-    overrides = verl_overrides(cfg, name, paths)
+    overrides = verl_overrides(cfg, paths)
     compose(overrides)  # verl's own loader and startup checks, before any GPU is asked for
     write_overrides(verl_dir / "overrides.txt", overrides)
     t = cfg.training
