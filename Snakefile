@@ -2,7 +2,7 @@
 
     snakemake --cores all results/report25/              # everything, ending in the report folder
     snakemake -n                                  # plan
-    snakemake --configfile config/report25.yaml --profile profiles/slurm ...
+    snakemake results/report25/ --configfile config/report25.yaml --profile profiles/slurm
 
 The config is checked before any job runs: by the pydantic models of atlas.config (their
 messages name the key path), against config/schema.json, which is generated from them, and for
