@@ -40,8 +40,13 @@ ATLAS = parse_config(config, "(snakemake config)")
 JOB_THREADS = ATLAS.resources.threads or workflow.cores  # threads of each model job
 validate(config, "config/schema.json", set_default=False)
 check_runtime_bounds(ATLAS.runtime)  # token caps above the grammar's hard bound
-# The files and the model folder the user brings, every missing one named with its key at once.
-check_user_inputs(ATLAS, "(snakemake config)")
+# The files and the model folder the user brings, every missing one named with its key at once:
+# by the main process, where they are local files (not in a job, which re-reads this Snakefile,
+# nor under a default storage provider, where inputs live in remote storage).
+STORAGE = workflow.storage_settings
+LOCAL_INPUTS = STORAGE is None or STORAGE.default_storage_provider is None
+if workflow.is_main_process and LOCAL_INPUTS:
+    check_user_inputs(ATLAS, "(snakemake config)")
 
 
 include: "rules/common.smk"
