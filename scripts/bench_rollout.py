@@ -2,7 +2,7 @@
 """Rollout benchmark: the trainer's rollout engine on the report's batch, in two modes.
 
     python scripts/bench_rollout.py --config config/h200.yaml --data results/data \
-        [--modes generation,episode] [--out $OUT/rollout.json]
+        [--modes generation,episode] [--out rollout.json]
 
 With ATLAS_GPU_MEM_GB set, the process holds to that much GPU memory as a pipeline job does
 (resources.gpu_memory_gb; the rollout pool takes half of it). The model is `--model DIR`; by default the base the pipeline built for the config

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Update benchmark: the trainer's own PPO update (atlas.rl.ppo prepare + update) at a real shape.
 
-    python scripts/bench_update.py --shape 8b --out $OUT/update_8b.json
+    python scripts/bench_update.py --shape 8b --out update_8b.json
 
 The policy is the trainer's (ActorCritic, actor and critic LoRA r64/a128 on all linear layers)
 over atlas.model.shapes' random-init Qwen3 of the shape, vocab 151,936, bf16 on the GPU, built

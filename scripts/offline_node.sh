@@ -18,7 +18,7 @@
 #         bench     scripts/bench_rollout.py, both modes (episodes in both schedules), over the
 #                   pipeline's model
 #         tests     the CUDA tests (tests/gpu)
-#       $OUT (default DIR/out) gets the command, nvidia-smi, the sandbox check, Snakemake's log,
+#       $ATLAS_NODE_OUT (default DIR/out) gets the command, nvidia-smi, the sandbox check, Snakemake's log,
 #       job_times.md, the report folder, each training run's step_metrics, bench_rollout.json and
 #       pytest_gpu.txt. python3 on PATH must be the interpreter that holds torch: the rules call
 #       python and torchrun from PATH.
@@ -67,7 +67,7 @@ install() {
 run() {
     [[ -f $here/wheels/SHA256SUMS ]] || { echo "offline_node: no $here/wheels: run this from a packed DIR" >&2; exit 1; }
     python3 -c "import torch" 2> /dev/null || { echo "offline_node: python3 on PATH has no torch" >&2; exit 1; }
-    local steps=("$@") out=${OUT:-$here/out} config=${ATLAS_CONFIG:-config/h200.yaml}
+    local steps=("$@") out=${ATLAS_NODE_OUT:-$here/out} config=${ATLAS_CONFIG:-config/h200.yaml}
     ((${#steps[@]})) || steps=(pipeline bench)
     mkdir -p "$out" && out=$(cd "$out" && pwd)
     install

@@ -18,13 +18,40 @@ def test_dry_run_plans_data_and_model_through_the_api(tmp_path):
     assert p["prepare_data"] == ["update pending"] and p["build_tiny_model"] == ["update pending"]
 
 
-def test_report25_config_plans_against_user_data(tmp_path):
-    # The real study reads the user's files and model folder; missing ones are named at plan time.
-    proc = run_snakemake(copy_workflow(tmp_path), "-n", "--configfile", "config/report25.yaml", check=False)
-    assert proc.returncode != 0
+def test_report25_plan_names_every_missing_user_input_before_any_job(tmp_path):
+    # The real study reads the user's question files and model folder; a workflow copy has none of
+    # them. The plan stops before the DAG is built, naming each one with the key that expects it.
+    wf = copy_workflow(tmp_path)
+    proc = run_snakemake(wf, "-n", "results/report25/", "--configfile", "config/report25.yaml", check=False)
     out = proc.stdout + proc.stderr
-    assert "MissingInputException" in out
-    assert "models/qwen-27b" in out or "data/gpqa/gpqa_train.csv" in out
+    assert proc.returncode == 1, out
+    assert "missing inputs (snakemake config): 5 paths the config names are not there" in out
+    named = [line.strip().split("; expected ")[0] for line in out.splitlines() if "; expected " in line]
+    assert named == [
+        "data.gpqa.train: data/gpqa/gpqa_train.csv does not exist",
+        "data.gpqa.val: data/gpqa/gpqa_diamond.csv does not exist",
+        "data.lcb.train: data/lcb/lcb_train.jsonl does not exist",
+        "data.lcb.val: data/lcb/test6.jsonl does not exist",
+        "model.path: models/qwen-27b does not exist",
+    ]
+    expected = {
+        line.split(": ")[0].strip(): line.split("; expected ")[1]
+        for line in out.splitlines()
+        if "; expected " in line
+    }
+    assert expected["data.gpqa.val"].startswith(
+        "the GPQA validation questions: a CSV with the upstream columns (Question,"
+    )
+    assert expected["data.gpqa.val"].endswith("Record ID), 198 of them")
+    assert expected["data.lcb.train"].startswith(
+        "the LiveCodeBench training problems: a code_generation_lite JSONL"
+    )
+    assert expected["data.lcb.train"].endswith(", 140 of them")
+    assert expected["model.path"] == (
+        "a local Hugging Face model folder: config.json, *.safetensors weights and the tokenizer's files"
+    )
+    assert "MissingInputException" not in out and "Building DAG" not in out
+    assert not (wf / "results").exists()
 
 
 def test_verl_engine_plans_the_same_dag_as_local(tmp_path):
