@@ -68,6 +68,34 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "sandbox_bounds": (["src/atlas/graders/sandbox.py"], ["tests/unit/test_sandbox_bounds.py"]),
+    "lcb": (
+        ["src/atlas/graders/lcb.py"],
+        [
+            "tests/unit/test_lcb_verdicts.py",
+            "tests/unit/test_graders.py::test_stdout_lines_compare_stripped_and_as_decimals",
+            "tests/unit/test_graders.py::test_functional_wrong_answer_and_missing_method",
+            "tests/unit/test_graders.py::test_crash_and_syntax_error_are_errors_with_their_message",
+            "tests/unit/test_graders.py::test_a_long_correct_answer_passes_past_max_output_bytes",
+        ],
+    ),
+    "gpqa": (
+        ["src/atlas/graders/gpqa.py", "src/atlas/data/gpqa.py"],
+        ["tests/unit/test_gpqa.py", "tests/unit/test_graders.py::test_grade_letter"],
+    ),
+    "schedule": (["src/atlas/data/schedule.py"], ["tests/unit/test_schedule.py"]),
+    "tools": (
+        ["src/atlas/runtime/tools.py"],
+        ["tests/unit/test_runtime.py::test_runtime_bounds_are_checked_from_the_config_alone"],
+    ),
+    "recovery": (
+        ["src/atlas/rl/recovery.py"],
+        [
+            "tests/unit/test_recovery.py::test_bad_checkpoints_go_aside_with_why_and_the_good_ones_stay",
+            "tests/unit/test_recovery.py::test_verl_checkpoints_are_sealed_then_checked",
+            "tests/unit/test_verl_resume_episodes.py::test_the_resume_point_is_verls_tracker",
+        ],
+    ),
+    "compact": (["src/atlas/checks/compact.py"], ["tests/unit/test_check_failures.py"]),
 }
 
 # Modules of which only some functions count (the rest of the file is another job's: the sandbox's
@@ -76,6 +104,22 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 # ("no tests") are left out of the score.
 ONLY_FUNCTIONS: dict[str, set[str]] = {
     "sandbox_bounds": {"SandboxLimits.from_config", "_Capped.__init__", "_Capped.add", "_Capped.text"},
+    # The comparison and the verdict; grade_many's pool of threads is left out.
+    "lcb": {
+        "_clip",
+        "_stripped_lines",
+        "_decimals",
+        "_same_line",
+        "compare_stdout",
+        "compare_functional",
+        "_failure_detail",
+        "_keep_bytes",
+        "_outcome",
+        "_judge",
+        "_check_tests",
+        "grade_code",
+        "summarize",
+    },
 }
 
 # Modules whose tests use the tiny model and the prepared data: both are built once per run by
