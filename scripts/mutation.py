@@ -85,7 +85,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "schedule": (["src/atlas/data/schedule.py"], ["tests/unit/test_schedule.py"]),
     "tools": (
         ["src/atlas/runtime/tools.py"],
-        ["tests/unit/test_runtime.py::test_runtime_bounds_are_checked_from_the_config_alone"],
+        [
+            "tests/unit/test_tool_bounds.py",
+            "tests/unit/test_runtime.py::test_runtime_bounds_are_checked_from_the_config_alone",
+        ],
     ),
     "recovery": (
         ["src/atlas/rl/recovery.py"],
