@@ -98,7 +98,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/test_verl_resume_episodes.py::test_the_resume_point_is_verls_tracker",
         ],
     ),
-    "compact": (["src/atlas/checks/compact.py"], ["tests/unit/test_check_failures.py"]),
+    "compact": (["src/atlas/checks/compact.py"], ["tests/unit/test_compact_checks.py"]),
 }
 
 # Modules of which only some functions count (the rest of the file is another job's: the sandbox's
