@@ -93,6 +93,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "recovery": (
         ["src/atlas/rl/recovery.py"],
         [
+            "tests/unit/test_resume_points.py",
             "tests/unit/test_recovery.py::test_bad_checkpoints_go_aside_with_why_and_the_good_ones_stay",
             "tests/unit/test_recovery.py::test_verl_checkpoints_are_sealed_then_checked",
             "tests/unit/test_verl_resume_episodes.py::test_the_resume_point_is_verls_tracker",
