@@ -17,6 +17,7 @@ from atlas.checks.compact import (
     base_parameter_names,
     compact_checkpoint_validation,
     optimizer_counts,
+    read_json,
     verify_index,
     verl_checkpoint_shards,
 )
@@ -100,6 +101,7 @@ def test_the_first_non_finite_tensor_is_named_with_its_count(tmp_path):
         ("model.norm.weight", set()),  # not a LoRA factor: a base weight, named or not
         # A LoRA-looking name that the base model has is a base weight too.
         ("base_model.model.model.x.lora_A.default.weight", {"model.x.lora_A.default.weight"}),
+        ("base_model.model.model.x.base_layer.lora_A.default.weight", {"model.x.lora_A.default.weight"}),
     ],
 )
 def test_a_base_weight_in_a_compact_checkpoint_is_named(tmp_path, name, base):
@@ -273,3 +275,16 @@ def test_base_parameter_names_are_read_from_config_json_alone(tmp_path, tied):
         "model.norm.weight",
     }
     assert base_parameter_names(tmp_path) == (names if tied else names | {"lm_head.weight"})
+
+
+def test_a_verl_checkpoint_without_a_role_has_no_model_shard_for_it(tmp_path):
+    index = [verl_step(tmp_path, 6, ["actor/model_world_size_1_rank_0.pt"])]
+    why = f"{tmp_path / 'global_step_6'}/critic: no model shard (model_world_size_<W>_rank_<r>.pt)"
+    with pytest.raises(CheckFailed, match=f"^{re.escape(why)}$"):
+        verl_checkpoint_shards(index)
+
+
+def test_json_records_are_read_as_utf_8(tmp_path):
+    path = tmp_path / "index.json"
+    path.write_bytes('{"name": "café"}'.encode())
+    assert read_json(path) == {"name": "café"}

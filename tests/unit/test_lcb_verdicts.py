@@ -96,6 +96,7 @@ def test_output_that_cannot_be_judged_is_the_tests_error():
         (-15, "", "killed by SIGTERM"),
         (-40, "", "killed by signal 40"),  # a real-time signal has no name
         (3, "", "exit status 3"),
+        (0, "", "exit status 0"),
         (3, "\n  \n", "exit status 3"),
         (
             1,
@@ -105,6 +106,7 @@ def test_output_that_cannot_be_judged_is_the_tests_error():
             "IndexError: list index out of range",
         ),
         (1, "a ~\n  ^ ~\nb\n", "exit status 1; a ~; b"),  # a line of markers only is dropped
+        (1, "^^^\nX\n", "exit status 1; X"),
     ],
 )
 def test_a_failed_run_is_named_by_its_exit_and_the_end_of_stderr(returncode, stderr, detail):
@@ -298,3 +300,40 @@ def test_tests_of_one_known_type_and_a_method_name_are_required():
             ValueError, match=r"^functional tests need func_name \(the Solution method to call\)$"
         ):
             grade_code("", [FUNCTIONAL], func_name=name, cfg=CFG)
+
+
+def test_a_spent_budget_skips_every_test_before_any_runs():
+    """A budget already spent when the first test would start: nothing runs, each test is skipped
+    with the budget's note, and the verdict is the program's timeout."""
+    cfg = GraderConfig(test_timeout_s=1.0, program_timeout_s=1e-9)
+    box = Sandbox(mode="stdin", limits=SandboxLimits.from_config(cfg))
+    v = grade_code(PROGRAM, cases(4, 5, 6), func_name=None, cfg=cfg, sandbox=box)
+    note = "not run: the program's 1e-09 s budget ran out"
+    assert v.tests == [TestOutcome("skipped", 0.0, note)] * 3
+    assert (v.passed, v.total, v.status) == (0, 3, "program_timeout")
+    assert not box.alive
+
+
+def test_the_budget_left_bounds_the_next_test():
+    """1.1 s for the program, 1 s a test: the first test sleeps 0.3 s and passes, so the second
+    gets at most 0.8 s; its sleep is cut there, short of its own bound."""
+    code = "import time\nn = int(input())\ntime.sleep(0.3 if n == 4 else 30)\nprint(n)\n"
+    cfg = GraderConfig(test_timeout_s=1.0, program_timeout_s=1.1)
+    v = grade_code(code, cases(4, 5, 6), func_name=None, cfg=cfg)
+    assert statuses(v) == [
+        ("passed", ""),
+        ("timeout", "cut short: the program's 1.1 s budget ran out"),
+        ("skipped", "not run: the program's 1.1 s budget ran out"),
+    ]
+    assert v.status == "program_timeout"
+
+
+def test_a_functional_program_runs_in_a_sandbox_started_ahead():
+    """grade_many starts every sandbox ahead in stdin mode; the program's own mode and method
+    name go with it when it is loaded."""
+    code = "class Solution:\n    def push(self, nums, x):\n        return [x] + nums\n"
+    tests = [Case("functional", "[1, 2]\n3", "[3, 1, 2]"), Case("functional", "[]\n5", "[5]")]
+    box = Sandbox(mode="stdin", limits=SandboxLimits.from_config(CFG))
+    v = grade_code(code, tests, func_name="push", cfg=CFG, sandbox=box)
+    assert statuses(v) == [("passed", ""), ("passed", "")]
+    assert (v.status, v.sandboxed) == ("passed", True)
