@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -132,6 +133,11 @@ PREBUILT = {"grammar", "replay", "checkpoint"}
 PREBUILD_RULES = ["prepare_data", "build_tiny_model"]
 PREBUILT_DATA, PREBUILT_MODEL = "results/data", "results/models/tiny"
 
+# An address-space bound (bytes) for mutmut and its workers, per module. A mutant that never
+# leaves a loop and grows a list (the schedule's `item[0] not in taken`) fills the machine's memory
+# long before mutmut's timeout; under the bound it stops with a MemoryError, a failing test.
+ADDRESS_SPACE = {"schedule": 3500 << 20}
+
 # What tests/conftest.py reads beside src/ and tests/ (the tiny model's config, the fixtures).
 ALSO_COPY = ["config", "resources", "Snakefile", "rules", "profiles", "envs", "report"]
 
@@ -223,7 +229,15 @@ def run_module(label: str, sources: list[str], tests: list[str], children: int, 
             data, model = work / PREBUILT_DATA, work / PREBUILT_MODEL
             env |= {"ATLAS_TEST_TINY_MODEL": str(model), "ATLAS_TEST_DATA_DIR": str(data)}
         mutmut = [sys.executable, "-m", "mutmut"]
-        run = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=work, env=env)
+        bound = ADDRESS_SPACE.get(label)
+        run = subprocess.run(
+            [*mutmut, "run", "--max-children", str(children)],
+            cwd=work,
+            env=env,
+            preexec_fn=None
+            if bound is None
+            else lambda: resource.setrlimit(resource.RLIMIT_AS, (bound, bound)),
+        )
         if run.returncode != 0:
             raise SystemExit(f"{label}: mutmut run exited {run.returncode}")
         listing = subprocess.run(
