@@ -126,7 +126,10 @@ def test_only_whole_shards_are_sealed_and_verl_goes_back_to_the_last_whole_step(
     cut = shard(folder / "global_step_15")
     whole = len(cut.read_bytes())
     truncate(cut, 10)
-    (folder / VERL_TRACKER).write_text("15\n")
+    trailing = shard(
+        folder / "global_step_16", struct.pack("<Q", 2) + b"{}" + b"\0"
+    )  # no tensors, a byte more
+    (folder / VERL_TRACKER).write_text("16\n")
     event = check_verl_checkpoints(root, folder, "run")
     assert event["why"] == {
         "global_step_11": [f"{short}: 2 bytes, too short for a safetensors header"],
@@ -134,6 +137,7 @@ def test_only_whole_shards_are_sealed_and_verl_goes_back_to_the_last_whole_step(
         "global_step_13": [f"{long_header}: header of 3 bytes in a file of 10: truncated"],
         "global_step_14": [f"{not_json}: header is not JSON: truncated or altered"],
         "global_step_15": [f"{cut}: tensors end at byte {whole}, the file has {whole - 10}: truncated"],
+        "global_step_16": [f"{trailing}: tensors end at byte 10, the file has 11: truncated"],
     }
     assert (folder / VERL_TRACKER).read_text() == "10"
     assert verl_latest(folder) == 10
@@ -167,3 +171,19 @@ def test_without_a_tracker_every_unsealed_step_is_an_unfinished_save(tmp_path):
     }
     assert not (folder / VERL_TRACKER).exists() and verl_latest(folder) == 0
     assert [p.name for p in folder.iterdir()] == ["global_step_x"]
+
+
+def test_a_sealed_verl_step_is_checked_without_writing_into_it(tmp_path):
+    root = tmp_path / "run"
+    folder = root / "verl" / "checkpoints"
+    shard(folder / "global_step_1", lora_A=torch.zeros(300_000))  # 1.2 MB: a hash cache would be kept
+    (folder / VERL_TRACKER).write_text("1")
+    assert check_verl_checkpoints(root, folder, "run") is None  # whole: sealed
+    sealed = snapshot(folder)
+    assert sorted(sealed) == [
+        "global_step_1/MANIFEST.json",
+        "global_step_1/actor/model.safetensors",
+        VERL_TRACKER,
+    ]
+    assert check_verl_checkpoints(root, folder, "run") is None  # sealed: verified against its manifest
+    assert snapshot(folder) == sealed
