@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,36 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "sandbox_bounds": (["src/atlas/graders/sandbox.py"], ["tests/unit/test_sandbox_bounds.py"]),
+    "lcb": (
+        ["src/atlas/graders/lcb.py"],
+        [
+            "tests/unit/test_lcb_verdicts.py",
+            "tests/unit/test_graders.py::test_stdout_lines_compare_stripped_and_as_decimals",
+            "tests/unit/test_graders.py::test_functional_wrong_answer_and_missing_method",
+            "tests/unit/test_graders.py::test_crash_and_syntax_error_are_errors_with_their_message",
+            "tests/unit/test_graders.py::test_a_long_correct_answer_passes_past_max_output_bytes",
+        ],
+    ),
+    "gpqa": (
+        ["src/atlas/graders/gpqa.py", "src/atlas/data/gpqa.py"],
+        ["tests/unit/test_gpqa.py", "tests/unit/test_graders.py::test_grade_letter"],
+    ),
+    "schedule": (["src/atlas/data/schedule.py"], ["tests/unit/test_schedule.py"]),
+    "tools": (
+        ["src/atlas/runtime/tools.py"],
+        # test_runtime.py builds tools at import: a mutant that breaks them stops its collection.
+        ["tests/unit/test_tool_bounds.py"],
+    ),
+    "recovery": (
+        ["src/atlas/rl/recovery.py"],
+        [
+            "tests/unit/test_resume_points.py",
+            "tests/unit/test_recovery.py::test_bad_checkpoints_go_aside_with_why_and_the_good_ones_stay",
+            "tests/unit/test_recovery.py::test_verl_checkpoints_are_sealed_then_checked",
+            "tests/unit/test_verl_resume_episodes.py::test_the_resume_point_is_verls_tracker",
+        ],
+    ),
+    "compact": (["src/atlas/checks/compact.py"], ["tests/unit/test_compact_checks.py"]),
 }
 
 # Modules of which only some functions count (the rest of the file is another job's: the sandbox's
@@ -76,6 +107,22 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 # ("no tests") are left out of the score.
 ONLY_FUNCTIONS: dict[str, set[str]] = {
     "sandbox_bounds": {"SandboxLimits.from_config", "_Capped.__init__", "_Capped.add", "_Capped.text"},
+    # The comparison and the verdict; grade_many's pool of threads is left out.
+    "lcb": {
+        "_clip",
+        "_stripped_lines",
+        "_decimals",
+        "_same_line",
+        "compare_stdout",
+        "compare_functional",
+        "_failure_detail",
+        "_keep_bytes",
+        "_outcome",
+        "_judge",
+        "_check_tests",
+        "grade_code",
+        "summarize",
+    },
 }
 
 # Modules whose tests use the tiny model and the prepared data: both are built once per run by
@@ -85,6 +132,11 @@ ONLY_FUNCTIONS: dict[str, set[str]] = {
 PREBUILT = {"grammar", "replay", "checkpoint"}
 PREBUILD_RULES = ["prepare_data", "build_tiny_model"]
 PREBUILT_DATA, PREBUILT_MODEL = "results/data", "results/models/tiny"
+
+# An address-space bound (bytes) for mutmut and its workers, per module. A mutant that never
+# leaves a loop and grows a list (the schedule's `item[0] not in taken`) fills the machine's memory
+# long before mutmut's timeout; under the bound it stops with a MemoryError, a failing test.
+ADDRESS_SPACE = {"schedule": 3500 << 20}
 
 # What tests/conftest.py reads beside src/ and tests/ (the tiny model's config, the fixtures).
 ALSO_COPY = ["config", "resources", "Snakefile", "rules", "profiles", "envs", "report"]
@@ -177,7 +229,15 @@ def run_module(label: str, sources: list[str], tests: list[str], children: int, 
             data, model = work / PREBUILT_DATA, work / PREBUILT_MODEL
             env |= {"ATLAS_TEST_TINY_MODEL": str(model), "ATLAS_TEST_DATA_DIR": str(data)}
         mutmut = [sys.executable, "-m", "mutmut"]
-        run = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=work, env=env)
+        bound = ADDRESS_SPACE.get(label)
+        run = subprocess.run(
+            [*mutmut, "run", "--max-children", str(children)],
+            cwd=work,
+            env=env,
+            preexec_fn=None
+            if bound is None
+            else lambda: resource.setrlimit(resource.RLIMIT_AS, (bound, bound)),
+        )
         if run.returncode != 0:
             raise SystemExit(f"{label}: mutmut run exited {run.returncode}")
         listing = subprocess.run(

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from atlas.data.gpqa import option_permutation, read_gpqa
-from atlas.data.schema import DataError
+from atlas.data.schema import DataError, Question
 from conftest import FIXTURES, read_csv, write_csv
 
 
@@ -172,3 +172,74 @@ def test_line_endings_inside_fields_are_normalised(fixture_copy):
     assert q.question == "First line.\nSecond line.\nThird line."
     assert "two\nlines" in q.options
     assert not any("\r" in o for q in read_gpqa(path, "train") for o in [q.question, *q.options])
+
+
+HEADER = [
+    "Record ID",
+    "Question",
+    "Correct Answer",
+    "Incorrect Answer 1",
+    "Incorrect Answer 2",
+    "Incorrect Answer 3",
+    "Subdomain",
+    "High-level domain",
+]
+
+
+def small_csv(tmp_path, *rows):
+    """A GPQA CSV as a spreadsheet exports it: a UTF-8 byte-order mark, CRLF line endings."""
+    path = tmp_path / "gpqa.csv"
+    write_csv(path, HEADER, [list(r) for r in rows])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    return path
+
+
+def test_a_row_becomes_its_question_whole(tmp_path):
+    row = ["rec00000000000001", " What  Is\r\n√4 + 2? ", "4", "3", "5", "22", "Arithmetic", ""]
+    path = small_csv(tmp_path, row)
+    # rec00000000000001's pinned permutation is [2, 0, 3, 1]: the correct answer shows at B.
+    assert read_gpqa(path, "val") == [
+        Question(
+            question_uid="gpqa:rec00000000000001",
+            source="gpqa",
+            split="val",
+            record_id="rec00000000000001",
+            origin=f"{path}:row 1",
+            question="What  Is\n√4 + 2?",
+            text_sha256=hashlib.sha256("what is √4 + 2?".encode()).hexdigest(),
+            options=["5", "4", "22", "3"],
+            permutation=[2, 0, 3, 1],
+            correct_letter="B",
+            subdomain="Arithmetic",
+            domain=None,
+        )
+    ]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_a_correct_answer_equal_to_any_incorrect_one_is_named(tmp_path, k):
+    row = ["rec1", "Q?", "two  words", "a", "b", "c", "", ""]
+    row[2 + k] = "two words"  # one space: the same answer
+    path = small_csv(tmp_path, row)
+    with pytest.raises(DataError) as err:
+        read_gpqa(path, "train")
+    assert str(err.value) == (
+        f"{path}, row 1: 'Correct Answer' equals 'Incorrect Answer {k}' ('two  words') after normalising "
+        "whitespace, so the question has no single right option; expected a correct answer that differs "
+        "from every incorrect one"
+    )
+    row[2 + k] = "two wordz"
+    assert read_gpqa(small_csv(tmp_path, row), "train")[0].record_id == "rec1"
+
+
+def test_empty_and_header_only_files_name_the_path(tmp_path):
+    path = small_csv(
+        tmp_path, ["rec1", "Q?", "a", "b", "c", "d", "", ""], ["rec2", " ", "a", "b", "c", "d", "", ""]
+    )
+    with pytest.raises(DataError) as err:
+        read_gpqa(path, "train")
+    assert str(err.value) == f"{path}, row 2: empty 'Question'; expected a non-empty value"
+    path = small_csv(tmp_path)
+    with pytest.raises(DataError) as err:
+        read_gpqa(path, "train")
+    assert str(err.value) == f"{path}: no data rows after the header; expected one row per question"

@@ -1,3 +1,4 @@
+import hashlib
 from collections import Counter
 
 import pytest
@@ -88,3 +89,50 @@ def test_several_held_questions_come_back_in_stream_order():
     real = build_schedule(POOL, steps=40, per_step=32, seed=0, shuffle=True)
     want, _ = reference_schedule(POOL, 40, 32, 0)
     assert [[s.question_uid for s in real if s.step == k] for k in range(40)] == want
+
+
+def test_held_questions_written_out_by_hand():
+    """Six questions, five a step, seed 0. The epochs (sha256 of "atlas/schedule/v1:0:<e>:<uid>",
+    sorted) are pinned below; each step is then read off them by hand."""
+    pool = [(f"q{i}", "gpqa") for i in range(6)]
+    epochs = [
+        sorted(
+            [uid for uid, _ in pool],
+            key=lambda u: hashlib.sha256(f"atlas/schedule/v1:0:{e}:{u}".encode()).hexdigest(),
+        )
+        for e in range(5)
+    ]
+    assert epochs == [
+        ["q3", "q1", "q0", "q5", "q2", "q4"],
+        ["q3", "q5", "q2", "q0", "q1", "q4"],
+        ["q0", "q5", "q1", "q4", "q3", "q2"],
+        ["q2", "q4", "q1", "q0", "q5", "q3"],
+        ["q2", "q3", "q5", "q0", "q1", "q4"],
+    ]
+    slots = build_schedule(pool, steps=5, per_step=5, seed=0, shuffle=True)
+    assert [[s.question_uid for s in slots if s.step == k] for k in range(5)] == [
+        ["q3", "q1", "q0", "q5", "q2"],  # epoch 0's first five
+        ["q4", "q3", "q5", "q2", "q0"],  # q4, then epoch 1
+        ["q1", "q4", "q0", "q5", "q3"],  # epoch 1's q1 q4; epoch 2's q1 and q4 are held back
+        ["q1", "q4", "q2", "q0", "q5"],  # the two held, in stream order; epoch 3's q2 q4 q1 held
+        ["q2", "q4", "q1", "q3", "q5"],  # those three in order, epoch 2's q3, epoch 4's q5
+    ]
+
+
+def test_a_pool_of_exactly_one_step_gives_every_question_each_step():
+    pool = [(f"q{i}", "lcb") for i in range(3)]
+    slots = build_schedule(pool, steps=2, per_step=3, seed=0, shuffle=False)
+    assert [(s.slot, s.step, s.position, s.question_uid, s.source) for s in slots] == [
+        (0, 0, 0, "q0", "lcb"),
+        (1, 0, 1, "q1", "lcb"),
+        (2, 0, 2, "q2", "lcb"),
+        (3, 1, 0, "q0", "lcb"),
+        (4, 1, 1, "q1", "lcb"),
+        (5, 1, 2, "q2", "lcb"),
+    ]
+
+
+def test_a_pool_with_a_uid_twice_is_an_error():
+    pool = [("q0", "gpqa"), ("q1", "gpqa"), ("q0", "lcb")]
+    with pytest.raises(ValueError, match="^schedule pool holds duplicate question uids$"):
+        build_schedule(pool, steps=1, per_step=2, seed=0, shuffle=False)

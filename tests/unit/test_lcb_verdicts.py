@@ -1,0 +1,339 @@
+"""The LCB grader's judgement, value by value: how a run becomes a test outcome, how outcomes
+become a verdict, how much stdout is kept, and the summary the policy sees. The runs are real
+RunResults (what a sandbox returns); the verdict tests run real programs in real sandboxes."""
+
+import pytest
+
+from atlas.config import GraderConfig
+from atlas.data.schema import TestCase as Case  # not `Test*`: pytest would collect it
+from atlas.graders.lcb import (
+    TestOutcome,
+    Verdict,
+    _keep_bytes,
+    _outcome,
+    compare_functional,
+    compare_stdout,
+    grade_code,
+    summarize,
+)
+from atlas.graders.sandbox import RunResult, Sandbox, SandboxLimits
+
+CFG = GraderConfig(test_timeout_s=1.0, program_timeout_s=10.0, max_output_bytes=4096)
+
+
+def run(status="ok", returncode=0, stdout="", stderr="", truncated=False, wall_s=0.25, value=None):
+    return RunResult(status, returncode, stdout, stderr, truncated, False, wall_s, True, value)
+
+
+STDIN = Case("stdin", "", "1\n2\n")
+FUNCTIONAL = Case("functional", "[1]", "[1, 2]")
+
+
+# --- how much stdout is kept -------------------------------------------------------------------
+
+
+def test_stdout_is_kept_up_to_twice_the_expected_bytes_plus_4_kib():
+    """docs/sandbox.md's rule, in bytes of UTF-8: max(max_output_bytes, 2 x expected + 4096)."""
+    small = SandboxLimits.from_config(GraderConfig(max_output_bytes=1024))
+    assert _keep_bytes(Case("stdin", "", ""), small) == 4096
+    assert _keep_bytes(Case("stdin", "", "ab"), small) == 4100
+    # 1000 two-byte characters: 2000 bytes, so 2 * 2000 + 4096 (not 2 * 1000 characters)
+    assert _keep_bytes(Case("stdin", "", "é" * 1000), small) == 8096
+    big = SandboxLimits.from_config(GraderConfig(max_output_bytes=100_000))
+    assert _keep_bytes(Case("stdin", "", "é" * 1000), big) == 100_000
+    assert _keep_bytes(Case("stdin", "", "x" * 60_000), big) == 124_096
+
+
+# --- one run, one test outcome -----------------------------------------------------------------
+
+
+def test_a_run_becomes_its_test_outcome():
+    assert _outcome(run(stdout="1\n2\n"), STDIN, 1.0) == TestOutcome("passed", 0.25, "")
+    assert _outcome(run(stdout="1\n3\n"), STDIN, 1.0) == TestOutcome(
+        "wrong_answer", 0.25, "line 2: expected '2' got '3'"
+    )
+    timeout = run("timeout", None, wall_s=1.5)
+    assert _outcome(timeout, STDIN, 1.23456) == TestOutcome("timeout", 1.5, "no exit within 1.23 s")
+    assert _outcome(timeout, STDIN, 6.0) == TestOutcome("timeout", 1.5, "no exit within 6 s")
+    crashed = run("error", 2, stdout="1\n2\n", stderr="ValueError: bad\n")
+    assert _outcome(crashed, STDIN, 1.0) == TestOutcome("error", 0.25, "exit status 2; ValueError: bad")
+    # Output cut at the bound is wrong even when what was kept matches.
+    cut = run(stdout="1\n2\n", truncated=True)
+    assert _outcome(cut, STDIN, 1.0) == TestOutcome("wrong_answer", 0.25, "output longer than 4 bytes")
+
+
+def test_a_functional_test_judges_the_value_never_the_stdout():
+    assert _outcome(run(stdout="", value="[1,2]"), FUNCTIONAL, 1.0) == TestOutcome("passed", 0.25, "")
+    wrong = run(stdout="[1, 2]", value="[2,1]")
+    assert _outcome(wrong, FUNCTIONAL, 1.0) == TestOutcome(
+        "wrong_answer", 0.25, "expected '[1, 2]' got '[2,1]'"
+    )
+    # A stdin test judges stdout; a value there is not looked at.
+    assert _outcome(run(stdout="1\n2", value="[0]"), STDIN, 1.0).status == "passed"
+
+
+def test_a_long_difference_is_clipped_to_240_characters():
+    got = "\x01" * 100  # repr shows each as \x01: four characters
+    full = "expected '1' got '" + "\\x01" * 57 + "...'"
+    assert len(full) == 250
+    outcome = _outcome(run(stdout=got), Case("stdin", "", "1"), 1.0)
+    assert outcome == TestOutcome("wrong_answer", 0.25, full[:237] + "...")
+
+
+def test_output_that_cannot_be_judged_is_the_tests_error():
+    unreadable = run(stdout=None)  # not text: the comparison raises AttributeError
+    assert _outcome(unreadable, STDIN, 1.0) == TestOutcome(
+        "error", 0.25, "the output could not be judged (AttributeError)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stderr", "detail"),
+    [
+        (None, "", "the sandbox ended before the run did"),
+        (-9, "", "killed by SIGKILL (CPU-time or memory limit)"),
+        (-9, "MemoryError\n", "killed by SIGKILL (CPU-time or memory limit); MemoryError"),
+        (-15, "", "killed by SIGTERM"),
+        (-40, "", "killed by signal 40"),  # a real-time signal has no name
+        (3, "", "exit status 3"),
+        (0, "", "exit status 0"),
+        (3, "\n  \n", "exit status 3"),
+        (
+            1,
+            'Traceback (most recent call last):\n  File "solution.py", line 3, in <module>\n'
+            "    x = [1][5]\n        ~~~^^^\nIndexError: list index out of range\n",
+            'exit status 1; File "solution.py", line 3, in <module>; x = [1][5]; '
+            "IndexError: list index out of range",
+        ),
+        (1, "a ~\n  ^ ~\nb\n", "exit status 1; a ~; b"),  # a line of markers only is dropped
+        (1, "^^^\nX\n", "exit status 1; X"),
+    ],
+)
+def test_a_failed_run_is_named_by_its_exit_and_the_end_of_stderr(returncode, stderr, detail):
+    assert _outcome(run("error", returncode, stderr=stderr), STDIN, 1.0) == TestOutcome("error", 0.25, detail)
+
+
+def test_a_long_stderr_keeps_its_end_within_240_characters():
+    digits = "".join(f"{i:03d}" for i in range(100))  # 300 characters, 000001...099
+    # "exit status 1; " is 15 characters: 225 are left, "..." and the last 222 characters.
+    detail = _outcome(run("error", 1, stderr=digits), STDIN, 1.0).detail
+    assert detail == "exit status 1; ..." + digits[-222:]
+    assert len(detail) == 240 and detail.endswith("097098099")
+    exact = digits[:225]  # fits the room exactly: kept whole
+    assert _outcome(run("error", 1, stderr=exact), STDIN, 1.0).detail == "exit status 1; " + exact
+
+
+# --- comparison rules ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("got", "expected"),
+    [
+        ("  1  \n\n", "1"),  # the whole text and each line are stripped
+        ("1 \n 2", "1\n2"),
+        ("1.0 2", "1 2.00"),  # equal as Decimals
+        ("-0", "0"),
+        ("1\t2", "1 2"),  # tokens split on any whitespace
+        ("Yes", "Yes"),  # equal as text, though not numbers
+        ("NaN", "NaN"),
+        ("", ""),
+    ],
+)
+def test_outputs_that_match(got, expected):
+    assert compare_stdout(got, expected) is None
+
+
+@pytest.mark.parametrize(
+    ("got", "expected", "difference"),
+    [
+        ("1\n4", "1\n3", "line 2: expected '3' got '4'"),
+        ("4\n3", "1\n3", "line 1: expected '1' got '4'"),
+        ("1 2", "1 2 3", "expected '1 2 3' got '1 2'"),
+        ("1", "a", "expected 'a' got '1'"),
+        ("a", "1", "expected '1' got 'a'"),
+        ("", "0", "expected '0' got ''"),
+        ("sNaN 1", "sNaN 1.0", "expected 'sNaN 1.0' got 'sNaN 1'"),
+        ("1\n\n2", "1\n2", "expected 2 lines, got 3: expected '1\\n2' got '1\\n\\n2'"),
+        ("1\n2\n3", " 1\n2 \n", "expected 2 lines, got 3: expected '1\\n2' got '1\\n2\\n3'"),
+        ("b", "a" * 60, "expected '" + "a" * 60 + "' got 'b'"),  # 60 characters: kept whole
+        ("b", "a" * 61, "expected '" + "a" * 57 + "...' got 'b'"),
+        ("b" * 61, "a", "expected 'a' got '" + "b" * 57 + "...'"),
+    ],
+)
+def test_outputs_that_differ_name_the_difference(got, expected, difference):
+    assert compare_stdout(got, expected) == difference
+
+
+def test_functional_values_compare_as_json():
+    assert compare_functional("[1,2]", " [1, 2] \n") is None
+    assert compare_functional('[[1, 2], {"a": 1}]', '[[1,2],{"a":1}]') is None
+    assert compare_functional(None, "1") == "no return value (the program exited before the method returned)"
+    assert compare_functional(" [2, 1]", " [1, 2] \n") == "expected '[1, 2]' got ' [2, 1]'"
+    assert compare_functional("[1", "[1]") == "the return value could not be compared (JSONDecodeError)"
+    deep = "[" * 100_000 + "]" * 100_000
+    assert compare_functional(deep, "[]") == "the return value could not be compared (RecursionError)"
+    long = "[" + ", ".join(["1"] * 40) + "]"  # 118 characters
+    assert compare_functional(long, "[]") == "expected '[]' got '" + long[:57] + "...'"
+
+
+# --- the summary the policy sees -----------------------------------------------------------------
+
+
+def verdict(*tests: TestOutcome, status: str) -> Verdict:
+    passed = sum(t.status == "passed" for t in tests)
+    return Verdict(passed, len(tests), list(tests), status, 1.0, True)
+
+
+PASSED = TestOutcome("passed", 0.1, "")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "text"),
+    [
+        (TestOutcome("wrong_answer", 0.1, "expected '1' got '2'"), "wrong answer: expected '1' got '2'"),
+        (TestOutcome("timeout", 1.0, "no exit within 1 s"), "timeout: no exit within 1 s"),
+        (TestOutcome("error", 0.1, "exit status 1"), "error: exit status 1"),
+        (TestOutcome("skipped", 0.0, "not run: x"), "skipped: not run: x"),
+    ],
+)
+def test_the_summary_names_the_first_test_that_did_not_pass(outcome, text):
+    later = TestOutcome("error", 0.1, "exit status 9")
+    v = verdict(PASSED, outcome, later, status="failed")
+    assert summarize(v, 1000) == f"1/3 tests passed; test 2: {text}"
+
+
+def test_the_summary_of_a_pass_and_its_cap():
+    assert summarize(verdict(PASSED, PASSED, status="passed"), 1000) == "2/2 tests passed"
+    v = verdict(TestOutcome("error", 0.1, "exit status 1"), status="error")
+    full = "0/1 tests passed; test 1: error: exit status 1"
+    assert len(full) == 46
+    assert summarize(v, 46) == full
+    assert summarize(v, 45) == "0/1 tests passed; test 1: error: exit stat..."
+
+
+# --- the verdict of a program ------------------------------------------------------------------
+
+# Reads one number n; prints it, except: 1 -> 9 (wrong), 2 -> exit status 5, 3 -> sleeps.
+PROGRAM = """import sys, time
+n = int(input())
+if n == 1:
+    print(9)
+elif n == 2:
+    sys.exit(5)
+elif n == 3:
+    time.sleep(30)
+else:
+    print(n)
+"""
+
+
+def cases(*ns: int) -> list[Case]:
+    return [Case("stdin", f"{n}\n", f"{n}\n") for n in ns]
+
+
+def statuses(v: Verdict) -> list[tuple[str, str]]:
+    return [(t.status, t.detail) for t in v.tests]
+
+
+def test_an_error_stops_the_tests_and_the_first_failure_is_the_verdict():
+    v = grade_code(PROGRAM, cases(4, 1, 2, 5), func_name=None, cfg=CFG)
+    assert statuses(v) == [
+        ("passed", ""),
+        ("wrong_answer", "expected '1' got '9'"),
+        ("error", "exit status 5"),
+        ("skipped", "not run: an earlier test ended in an error"),
+    ]
+    assert (v.passed, v.total, v.status, v.sandboxed) == (1, 4, "failed", True)
+    v = grade_code(PROGRAM, cases(4, 2, 1), func_name=None, cfg=CFG)
+    assert [t.status for t in v.tests] == ["passed", "error", "skipped"]
+    assert (v.passed, v.total, v.status) == (1, 3, "error")
+    v = grade_code(PROGRAM, cases(4, 5), func_name=None, cfg=CFG)
+    assert statuses(v) == [("passed", ""), ("passed", "")]
+    assert (v.passed, v.total, v.status) == (2, 2, "passed")
+    assert 0 < v.wall_s < 60
+
+
+def test_a_timeout_stops_the_tests_and_a_spent_budget_is_the_programs_timeout():
+    cfg = GraderConfig(test_timeout_s=0.5, program_timeout_s=10.0)
+    v = grade_code(PROGRAM, cases(4, 3, 4), func_name=None, cfg=cfg)
+    assert statuses(v) == [
+        ("passed", ""),
+        ("timeout", "no exit within 0.5 s"),
+        ("skipped", "not run: an earlier test timed out"),
+    ]
+    assert (v.passed, v.status) == (1, "timeout")
+    assert v.wall_s >= 0.5
+    # The program's budget ends the sleeper before its own bound: cut short, the rest skipped.
+    cfg = GraderConfig(test_timeout_s=5.0, program_timeout_s=0.5)
+    v = grade_code(PROGRAM, cases(3, 4), func_name=None, cfg=cfg)
+    assert statuses(v) == [
+        ("timeout", "cut short: the program's 0.5 s budget ran out"),
+        ("skipped", "not run: the program's 0.5 s budget ran out"),
+    ]
+    assert (v.passed, v.total, v.status) == (0, 2, "program_timeout")
+
+
+def test_a_sandbox_started_ahead_runs_the_program_and_is_closed():
+    limits = SandboxLimits.from_config(CFG)
+    box = Sandbox(mode="stdin", limits=limits)
+    v = grade_code(PROGRAM, cases(4, 1), func_name=None, cfg=CFG, sandbox=box)
+    assert statuses(v) == [("passed", ""), ("wrong_answer", "expected '1' got '9'")]
+    assert not box.alive
+    # Refused tests close it too.
+    box = Sandbox(mode="stdin", limits=limits)
+    with pytest.raises(ValueError, match="^grade_code needs at least one test$"):
+        grade_code(PROGRAM, [], func_name=None, cfg=CFG, sandbox=box)
+    assert not box.alive
+
+
+def test_tests_of_one_known_type_and_a_method_name_are_required():
+    with pytest.raises(
+        ValueError, match=r"^tests of types \['functional', 'stdin'\]: expected all stdin or all functional$"
+    ):
+        grade_code("", [STDIN, FUNCTIONAL], func_name="f", cfg=CFG)
+    with pytest.raises(
+        ValueError, match=r"^tests of types \['file'\]: expected all stdin or all functional$"
+    ):
+        grade_code("", [Case("file", "", "")], func_name=None, cfg=CFG)
+    for name in (None, ""):
+        with pytest.raises(
+            ValueError, match=r"^functional tests need func_name \(the Solution method to call\)$"
+        ):
+            grade_code("", [FUNCTIONAL], func_name=name, cfg=CFG)
+
+
+def test_a_spent_budget_skips_every_test_before_any_runs():
+    """A budget already spent when the first test would start: nothing runs, each test is skipped
+    with the budget's note, and the verdict is the program's timeout."""
+    cfg = GraderConfig(test_timeout_s=1.0, program_timeout_s=1e-9)
+    box = Sandbox(mode="stdin", limits=SandboxLimits.from_config(cfg))
+    v = grade_code(PROGRAM, cases(4, 5, 6), func_name=None, cfg=cfg, sandbox=box)
+    note = "not run: the program's 1e-09 s budget ran out"
+    assert v.tests == [TestOutcome("skipped", 0.0, note)] * 3
+    assert (v.passed, v.total, v.status) == (0, 3, "program_timeout")
+    assert not box.alive
+
+
+def test_the_budget_left_bounds_the_next_test():
+    """1.1 s for the program, 1 s a test: the first test sleeps 0.15 s and passes, so the second
+    gets at most 0.95 s; its sleep is cut there, short of its own bound."""
+    code = "import time\nn = int(input())\ntime.sleep(0.15 if n == 4 else 30)\nprint(n)\n"
+    cfg = GraderConfig(test_timeout_s=1.0, program_timeout_s=1.1)
+    v = grade_code(code, cases(4, 5, 6), func_name=None, cfg=cfg)
+    assert statuses(v) == [
+        ("passed", ""),
+        ("timeout", "cut short: the program's 1.1 s budget ran out"),
+        ("skipped", "not run: the program's 1.1 s budget ran out"),
+    ]
+    assert v.status == "program_timeout"
+
+
+def test_a_functional_program_runs_in_a_sandbox_started_ahead():
+    """grade_many starts every sandbox ahead in stdin mode; the program's own mode and method
+    name go with it when it is loaded."""
+    code = "class Solution:\n    def push(self, nums, x):\n        return [x] + nums\n"
+    tests = [Case("functional", "[1, 2]\n3", "[3, 1, 2]"), Case("functional", "[]\n5", "[5]")]
+    box = Sandbox(mode="stdin", limits=SandboxLimits.from_config(CFG))
+    v = grade_code(code, tests, func_name="push", cfg=CFG, sandbox=box)
+    assert statuses(v) == [("passed", ""), ("passed", "")]
+    assert (v.status, v.sandboxed) == ("passed", True)
