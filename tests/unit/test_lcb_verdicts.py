@@ -4,7 +4,7 @@ RunResults (what a sandbox returns); the verdict tests run real programs in real
 
 import pytest
 
-from atlas.config import GraderConfig
+from atlas.config.graders import GraderConfig
 from atlas.data.schema import TestCase as Case  # not `Test*`: pytest would collect it
 from atlas.graders.lcb import (
     TestOutcome,

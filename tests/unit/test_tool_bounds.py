@@ -3,7 +3,8 @@ longest call (no model: pure arithmetic on the schemas)."""
 
 import pytest
 
-from atlas.config import ConfigError, RuntimeConfig
+from atlas.config.base import ConfigError
+from atlas.config.runtime import RuntimeConfig
 from atlas.runtime.tools import (
     CodeBounds,
     argument_bytes,
