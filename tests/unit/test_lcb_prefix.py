@@ -29,6 +29,17 @@ LCB_IMPORT_STRING = (
 )
 
 
+def run_prefix(text: str) -> dict:
+    """The namespace `text` (prefix lines) makes; the process's recursion limit is put back."""
+    limit = sys.getrecursionlimit()
+    namespace: dict = {}
+    try:
+        exec(text, namespace)
+    finally:
+        sys.setrecursionlimit(limit)
+    return namespace
+
+
 def test_the_prefix_is_lcb_runners():
     assert prefix.IMPORTS == LCB_IMPORT_STRING
     assert "".join(prefix.LINES) == LCB_IMPORT_STRING
@@ -37,27 +48,15 @@ def test_the_prefix_is_lcb_runners():
 def test_every_name_gets_the_object_the_whole_prefix_gives_it():
     """For each name any line binds, a program spelling that name alone gets the whole prefix's
     object: the last line binding it is sent, and sent after any earlier one."""
-    limit = sys.getrecursionlimit()
-    try:
-        whole: dict = {}
-        exec(LCB_IMPORT_STRING, whole)
-        names = set().union(*prefix.bound_names())
-        assert {"deque", "List", "Counter", "M", "e", "gcd", "copy", "digits", "mode"} <= names
-        for name in sorted(names):
-            part: dict = {}
-            exec(prefix.needed(f"x = {name}\n"), part)
-            assert part[name] is whole[name], name
-    finally:
-        sys.setrecursionlimit(limit)
+    whole = run_prefix(LCB_IMPORT_STRING)
+    names = set().union(*prefix.bound_names())
+    assert {"deque", "List", "Counter", "M", "e", "gcd", "copy", "digits", "mode"} <= names
+    for name in sorted(names):
+        assert run_prefix(prefix.needed(f"x = {name}\n"))[name] is whole[name], name
 
 
 def test_where_a_name_comes_from_when_several_lines_bind_it():
-    whole: dict = {}
-    limit = sys.getrecursionlimit()
-    try:
-        exec(LCB_IMPORT_STRING, whole)
-    finally:
-        sys.setrecursionlimit(limit)
+    whole = run_prefix(LCB_IMPORT_STRING)
     import collections
     import copy
     import typing
