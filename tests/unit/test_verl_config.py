@@ -145,7 +145,7 @@ def test_report25_composes_with_the_reports_settings(report25):
         paths.wandb_dir,
     )
     assert (
-        env.VERL_USE_EXTERNAL_MODULES == "atlas.verl.critic,atlas.verl.actor"
+        env.VERL_USE_EXTERNAL_MODULES == "atlas.verl.critic,atlas.verl.actor,atlas.verl.drift"
     )  # critic LoRA + head, masked actor
     # FSDP2, bf16, LoRA 64 / 128 on actor and critic; params offloaded, optimizer state on the GPU
     assert (ar.actor.strategy, ar.ref.strategy, c.critic.strategy) == ("fsdp2", "fsdp2", "fsdp2")
@@ -228,7 +228,7 @@ def test_every_verl_process_imports_the_critic_and_the_masked_actor_patches(repo
     _, overrides, _ = report25
     key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES="
     (value,) = [o.lstrip("+")[len(key) :] for o in overrides if o.lstrip("+").startswith(key)]
-    assert value.strip("'").split(",") == list(EXTERNAL_MODULES) == ["atlas.verl.critic", "atlas.verl.actor"]
+    assert value.strip("'").split(",") == list(EXTERNAL_MODULES) == ["atlas.verl.critic", "atlas.verl.actor", "atlas.verl.drift"]
 
 
 @pytest.mark.verl

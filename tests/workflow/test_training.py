@@ -90,6 +90,10 @@ def test_a_training_run_writes_its_folder(pipeline, run, monkeypatch):
     assert metrics["protocol/violations"].to_list() == [0.0] * steps
     assert metrics["protocol/episodes"].to_list() == [float(EPISODES_PER_STEP)] * steps
     assert metrics["rollout/logprob_gap_max"].max() < 1e-4  # replayed masks = sampling masks
+    assert metrics["rollout/importance_ratio_outside"].to_list() == [0.0] * steps
+    assert all(abs(r - 1) < 1e-5 for r in metrics["rollout/importance_ratio_mean"])
+    # over the whole vocabulary the sampled tokens lose the mass the grammar forbade
+    assert all(r < 0.999 for r in metrics["rollout/importance_ratio_raw_mean"])
     for source in ("gpqa", "lcb"):  # per-source scores agree with the records
         for step in range(steps):
             ep = (

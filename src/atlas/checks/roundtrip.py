@@ -80,8 +80,16 @@ GPU_METRIC_REL_TOL = 1e-4
 # Metrics that are means of differences of two log-probs of the same tokens (rollout engine and
 # update, old and new policy, policy and reference): near 0 themselves, they move with the
 # rounding of log-probs of order 1, so on a GPU they are compared on that scale, within rel_tol
-# absolute (an H200 gave rollout/logprob_gap_mean 0.0013337965 resumed, 0.0013327865 logged).
-LOGPROB_DIFFERENCES = ("rollout/logprob_gap_", "actor/ppo_kl", "actor/kl_loss", "actor/reward_kl_penalty")
+# absolute (an H200 gave rollout/logprob_gap_mean 0.0013337965 resumed, 0.0013327865 logged). The
+# importance ratios are exponentials of the same differences, and their shares outside the band
+# count tokens whose ratio the rounding can carry across it.
+LOGPROB_DIFFERENCES = (
+    "rollout/logprob_gap_",
+    "rollout/importance_ratio",
+    "actor/ppo_kl",
+    "actor/kl_loss",
+    "actor/reward_kl_penalty",
+)
 
 
 def metric_rel_tol(device: torch.device) -> float:

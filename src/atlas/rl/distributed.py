@@ -185,8 +185,10 @@ class Share:
         statistics over the gathered global batch."""
         if self.ranks.world == 1:
             return prepare(ac, batch, ppo, temperature)
-        old_lp, ref_lp, values, metrics = forward_passes(ac, batch, ppo, temperature)
-        local = torch.stack([batch.rewards, batch.sampled, batch.rollout_logprobs, old_lp, ref_lp, values])
+        old_lp, raw_lp, ref_lp, values, metrics = forward_passes(ac, batch, ppo, temperature)
+        local = torch.stack(
+            [batch.rewards, batch.sampled, batch.rollout_logprobs, old_lp, raw_lp, ref_lp, values]
+        )
         parts = self.ranks.all_gather(local.cpu())
         width = max(p.shape[-1] for p in parts)
         full = torch.zeros((local.shape[0], self.total, width), dtype=local.dtype)

@@ -173,6 +173,30 @@ def packed_token_logprobs(
     atlas.rl.replay.ReplayedMasks. With entropy=True also [B, T] entropies of the raw next-token
     distribution before each generated token (no mask, temperature 1: the PPO loss's entropy
     bonus, as atlas.rl.ppo takes it from full logits), from a second pass of the chunked head."""
+    h, at, ids, bitmask = _generated(hidden, packed, masks)
+    lp, _ = head_logprobs(h[at - 1], weight, ids[at], bitmask, temperature, chunk)
+    zeros = torch.zeros(packed.tokens, dtype=torch.float32, device=h.device)
+    lp_out = packed.unpack(zeros.index_put((at,), lp))
+    if not entropy:
+        return lp_out, None
+    _, ent = head_logprobs(h[at - 1], weight, ids[at], None, 1.0, chunk, entropy=True)
+    return lp_out, packed.unpack(zeros.index_put((at,), ent))
+
+
+def packed_raw_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, packed, masks, temperature: float, chunk: int = DEFAULT_CHUNK
+) -> torch.Tensor:
+    """[B, T] log-probs of the same generated tokens over the whole vocabulary (no grammar mask,
+    at `temperature`; 0 elsewhere): what a trainer that ignores the grammar computes."""
+    h, at, ids, _ = _generated(hidden, packed, masks)
+    lp, _ = head_logprobs(h[at - 1], weight, ids[at], None, temperature, chunk)
+    zeros = torch.zeros(packed.tokens, dtype=torch.float32, device=h.device)
+    return packed.unpack(zeros.index_put((at,), lp))
+
+
+def _generated(hidden: torch.Tensor, packed, masks):
+    """The packed hidden states [N, H], the packed index of every generated token, the packed
+    token ids and the generated tokens' bitmasks, on the hidden states' device."""
     h = hidden[0] if hidden.dim() == 3 else hidden
     if len(masks) != len(packed.lengths):
         raise ValueError(f"{len(masks)} masks for {len(packed.lengths)} packed rows")
@@ -186,14 +210,7 @@ def packed_token_logprobs(
         bitmasks.append(m.bitmask)
     at = torch.cat(where).to(device)
     ids = packed.input_ids[0].to(device)
-    bitmask = torch.cat(bitmasks).to(device, non_blocking=True)
-    lp, _ = head_logprobs(h[at - 1], weight, ids[at], bitmask, temperature, chunk)
-    zeros = torch.zeros(packed.tokens, dtype=torch.float32, device=device)
-    lp_out = packed.unpack(zeros.index_put((at,), lp))
-    if not entropy:
-        return lp_out, None
-    _, ent = head_logprobs(h[at - 1], weight, ids[at], None, 1.0, chunk, entropy=True)
-    return lp_out, packed.unpack(zeros.index_put((at,), ent))
+    return h, at, ids, torch.cat(bitmasks).to(device, non_blocking=True)
 
 
 def output_weight(model) -> torch.Tensor:

@@ -28,7 +28,8 @@ from atlas.model.fused_lora import fused_lora
 from atlas.model.liger import liger_rope
 from atlas.model.policy import ActorCritic
 from atlas.rl.advantages import gae_over_sampled_batch
-from atlas.rl.fused_head import output_weight, packed_token_logprobs
+from atlas.rl.drift import rollout_drift
+from atlas.rl.fused_head import output_weight, packed_raw_logprobs, packed_token_logprobs
 from atlas.rl.losses import entropy_from_logits, kl_penalty, masked_mean, policy_loss, value_loss
 from atlas.rl.packing import decoder, pack, packed_attention, token_budget_cut
 from atlas.rl.replay import ReplayedMasks, masked_logprobs
@@ -81,12 +82,17 @@ def make_batch(
     return Batch(*(t.to(device) for t in (ids, attn, sampled, logprobs, rewards)), masks)
 
 
-def token_logprobs(logits: torch.Tensor, batch: Batch, temperature: float) -> torch.Tensor:
-    """[B, T] log-probs of every generated token under its replayed mask (0 elsewhere)."""
+def token_logprobs(logits: torch.Tensor, batch: Batch, temperature: float, raw: bool = False) -> torch.Tensor:
+    """[B, T] log-probs of every generated token under its replayed mask (0 elsewhere); with
+    raw=True over the whole vocabulary instead (atlas.rl.drift)."""
     out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=logits.device)
     for i, m in enumerate(batch.masks):
         pos = m.positions.to(logits.device)
-        lp = masked_logprobs(logits[i, pos - 1], batch.input_ids[i, pos], m.bitmask, temperature)
+        before, targets = logits[i, pos - 1], batch.input_ids[i, pos]
+        if raw:
+            lp = torch.log_softmax(before.float() / temperature, dim=-1).gather(-1, targets[:, None])[:, 0]
+        else:
+            lp = masked_logprobs(before, targets, m.bitmask, temperature)
         out[i] = out[i].index_put((pos,), lp)
     return out
 
@@ -155,6 +161,20 @@ class Passes:
             logits = ac.peft(input_ids=sub.input_ids, attention_mask=sub.attention).logits
         lp = token_logprobs(logits, sub, self.temperature)
         return lp, (_shift_right(entropy_from_logits(logits).float()) if entropy else None)
+
+    def old_logprobs(self, sub: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] log-probs of the generated tokens under their masks and over the whole
+        vocabulary (atlas.rl.drift), from one forward of the active adapter."""
+        ac = self.ac
+        if self.packed:
+            packed, hidden = self._hidden(sub)
+            weight = output_weight(ac.peft)
+            masked, _ = packed_token_logprobs(hidden, weight, packed, sub.masks, self.temperature)
+            return masked, packed_raw_logprobs(hidden, weight, packed, sub.masks, self.temperature)
+        logits = ac.peft(input_ids=sub.input_ids, attention_mask=sub.attention).logits
+        return token_logprobs(logits, sub, self.temperature), token_logprobs(
+            logits, sub, self.temperature, raw=True
+        )
 
     def values(self, sub: Batch) -> torch.Tensor:
         """[B, T] V of the state before token t, of the active critic adapter."""
@@ -240,26 +260,27 @@ class Prepared:
 
 def prepare(ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -> Prepared:
     """Old log-probs, reference log-probs and values in micro-batches, then GAE."""
-    old_lp, ref_lp, values, metrics = forward_passes(ac, batch, ppo, temperature)
+    old_lp, raw_lp, ref_lp, values, metrics = forward_passes(ac, batch, ppo, temperature)
     return advantages_of(
-        batch.rewards, batch.sampled, batch.rollout_logprobs, old_lp, ref_lp, values, ppo, metrics
+        batch.rewards, batch.sampled, batch.rollout_logprobs, old_lp, raw_lp, ref_lp, values, ppo, metrics
     )
 
 
 def forward_passes(
     ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
-    """[B, T] old log-probs, reference log-probs and values (0 off the mask), and their timings."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    """[B, T] old log-probs (masked, then raw: atlas.rl.drift), reference log-probs and values
+    (0 off the mask), and their timings."""
     n, mask = batch.input_ids.shape[0], batch.sampled
     chunks = micro_batches(list(range(n)), batch, ppo)
     passes = Passes.for_batch(ac, batch, ppo, temperature)
     metrics: dict[str, float] = {}
-    old_lp, ref_lp, values = torch.zeros_like(mask), torch.zeros_like(mask), torch.zeros_like(mask)
+    old_lp, raw_lp, ref_lp, values = (torch.zeros_like(mask) for _ in range(4))
     with torch.no_grad(), passes.active():
         t = time.perf_counter()
         with ac.role("actor"):
             for idx in chunks:
-                old_lp[idx] = passes.logprobs(batch.rows(idx))[0]
+                old_lp[idx], raw_lp[idx] = passes.old_logprobs(batch.rows(idx))
         metrics["timing_s/old_log_prob"] = time.perf_counter() - t
         t = time.perf_counter()
         if ppo.kl_mode != "none":
@@ -271,7 +292,7 @@ def forward_passes(
             values[idx] = passes.values(batch.rows(idx))
         values = values * mask
         metrics["timing_s/values"] = time.perf_counter() - t
-    return old_lp, ref_lp, values, metrics
+    return old_lp, raw_lp, ref_lp, values, metrics
 
 
 def advantages_of(
@@ -279,13 +300,15 @@ def advantages_of(
     mask: torch.Tensor,
     rollout_logprobs: torch.Tensor,
     old_lp: torch.Tensor,
+    raw_lp: torch.Tensor,
     ref_lp: torch.Tensor,
     values: torch.Tensor,
     ppo: PPOConfig,
     metrics: dict[str, float],
 ) -> Prepared:
     """GAE (whitened over every row) and the batch's statistics, from the batch's [B, T] rewards,
-    sampled mask and rollout log-probs and the passes' tensors. A data-parallel step calls it on
+    sampled mask and rollout log-probs and the passes' tensors (raw_lp: the old log-probs over the
+    whole vocabulary, for atlas.rl.drift's ratios). A data-parallel step calls it on
     the gathered global batch (atlas.rl.distributed), so it whitens as one process does."""
     n = mask.shape[0]
     metrics = dict(metrics)
@@ -302,9 +325,7 @@ def advantages_of(
         )
         metrics["timing_s/adv"] = time.perf_counter() - t
 
-    gap = (old_lp - rollout_logprobs).abs() * mask
-    metrics["rollout/logprob_gap_max"] = gap.max().item()
-    metrics["rollout/logprob_gap_mean"] = masked_mean(gap, mask).item()
+    metrics.update(rollout_drift(old_lp, rollout_logprobs, mask, raw_lp))
     for name, x in (
         ("critic/advantages", advantages),
         ("critic/returns", returns),

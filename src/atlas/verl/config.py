@@ -41,8 +41,9 @@ AGENT_LOOP = "atlas_tool_agent"
 REWARD_FN = "compute_score"
 # Modules every process of the verl job imports (verl reads VERL_USE_EXTERNAL_MODULES on `import
 # verl`): the critic LoRA with its value head (atlas.verl.critic) must reach the Ray workers.
-# atlas.verl.actor makes the actor's log-probs those under the grammar masks.
-EXTERNAL_MODULES = ("atlas.verl.critic", "atlas.verl.actor")
+# atlas.verl.actor makes the actor's log-probs those under the grammar masks; atlas.verl.drift
+# adds the local engine's rollout-vs-trainer metrics to the trainer's.
+EXTERNAL_MODULES = ("atlas.verl.critic", "atlas.verl.actor", "atlas.verl.drift")
 
 
 @dataclass(frozen=True)
