@@ -202,6 +202,10 @@ def test_a_config_laid_over_another_merges_nested_mappings_key_by_key():
     assert merged({"a": {"b": 1}}, {"a": 5}) == {"a": 5}  # a scalar over a mapping replaces it
 
 
+# The configs laid over another shipped one (--configfile BASE CONFIG), by the files beneath them
+LAID_OVER = {"h200-verl.yaml": ["h200.yaml"]}
+
+
 @pytest.mark.parametrize(
     "name", sorted(p.name for p in (REPO / "config").glob("*.yaml") if p.name != "config.yaml")
 )
@@ -210,10 +214,24 @@ def test_every_shipped_config_parses_over_the_embedded_default(name):
     config; the GPU ones ask for CUDA."""
     from atlas.config.study import merged
 
-    base = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
-    overlay = yaml.safe_load((REPO / "config" / name).read_text(encoding="utf-8"))
-    cfg = parse_config(merged(base, overlay), f"config/{name}")
+    def read(file):
+        return yaml.safe_load((REPO / "config" / file).read_text(encoding="utf-8"))
+
+    layers = [read("config.yaml"), *(read(under) for under in LAID_OVER.get(name, [])), read(name)]
+    whole = layers[0]
+    for layer in layers[1:]:
+        whole = merged(whole, layer)
+    cfg = parse_config(whole, f"config/{name}")
     assert cfg.resources.device == "cuda", name
+    if name == "h200-verl.yaml":  # the report's shape under verl, its training smoke the one arm
+        assert cfg.training.engine == "verl" and list(cfg.training.runs) == ["training_smoke"]
+        assert cfg.training.runs["training_smoke"].steps == 2 and cfg.schedule.questions_per_step == 32
+        assert (cfg.training.responses_per_question, cfg.training.lora_rank, cfg.training.lora_alpha) == (
+            8,
+            64,
+            128,
+        )
+        assert cfg.runtime.max_turns == 3 and cfg.report.arms == ["training_smoke"]
     if name == "h200-tiny.yaml":  # the embedded default, only on a GPU
         assert cfg.model.tiny is not None and cfg.training.engine == "local"
         assert cfg.training.wandb_mode == "disabled" and cfg.resources.gpus == 1

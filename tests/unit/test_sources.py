@@ -152,3 +152,10 @@ def test_a_corrupt_store_is_parsed_around_and_replaced(tmp_path):
     store["imports"]["atlas.stage"] = 5
     (pkg / "__pycache__" / sources.STORE).write_text(json.dumps(store))
     assert _fresh(tmp_path) == ["atlas/__init__.py", "atlas/a.py", "atlas/stage.py"]
+
+
+def test_verl_training_runs_the_modules_verl_loads_by_name():
+    """verl imports EXTERNAL_MODULES by name in its processes: an edit to them reruns training."""
+    from atlas.verl.config import EXTERNAL_MODULES
+
+    assert set(EXTERNAL_MODULES) <= sources.module_names("atlas.stages.train_verl")

@@ -228,7 +228,11 @@ def test_every_verl_process_imports_the_critic_and_the_masked_actor_patches(repo
     _, overrides, _ = report25
     key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES="
     (value,) = [o.lstrip("+")[len(key) :] for o in overrides if o.lstrip("+").startswith(key)]
-    assert value.strip("'").split(",") == list(EXTERNAL_MODULES) == ["atlas.verl.critic", "atlas.verl.actor", "atlas.verl.drift"]
+    assert (
+        value.strip("'").split(",")
+        == list(EXTERNAL_MODULES)
+        == ["atlas.verl.critic", "atlas.verl.actor", "atlas.verl.drift"]
+    )
 
 
 @pytest.mark.verl

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from atlas.config.base import FloatPair, Strict
 from atlas.config.data import ScheduleConfig
@@ -218,10 +218,21 @@ class TrainingConfig(Strict):
     wandb_project: str = Field(default="atlas", description="wandb project name.")
     runs: dict[str, RunConfig] = Field(
         default_factory=_default_runs,
-        description="Training runs by name (results/runs/<name>/): the training smoke and the arms.",
+        description="Training runs by name (results/runs/<name>/): the training smoke and the arms. "
+        "A run set to null is dropped: a --configfile laid over another removes a run that way.",
+        json_schema_extra=lambda schema: schema.update(
+            additionalProperties={"anyOf": [schema["additionalProperties"], {"type": "null"}]}
+        ),
     )
     dose_step: DoseStepConfig = Field(default_factory=DoseStepConfig, description="The dose step stage.")
     verl: VerlConfig = Field(default_factory=VerlConfig, description="engine: verl only (ignored by local).")
+
+    @field_validator("runs", mode="before")
+    @classmethod
+    def _drop_null_runs(cls, runs: Any) -> Any:
+        if isinstance(runs, dict):
+            return {name: run for name, run in runs.items() if run is not None}
+        return runs
 
     @model_validator(mode="after")
     def _runs_consistent(self) -> TrainingConfig:

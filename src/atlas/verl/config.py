@@ -26,7 +26,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atlas.config.base import ConfigError
 from atlas.config.training import TrainSlice
@@ -44,6 +44,10 @@ REWARD_FN = "compute_score"
 # atlas.verl.actor makes the actor's log-probs those under the grammar masks; atlas.verl.drift
 # adds the local engine's rollout-vs-trainer metrics to the trainer's.
 EXTERNAL_MODULES = ("atlas.verl.critic", "atlas.verl.actor", "atlas.verl.drift")
+if TYPE_CHECKING:  # the same modules as imports, so the workflow's code inputs (atlas.sources) hold them
+    import atlas.verl.actor
+    import atlas.verl.critic
+    import atlas.verl.drift  # noqa: F401
 
 
 @dataclass(frozen=True)
