@@ -8,19 +8,28 @@
 #       lacks) for CPython $ATLAS_NODE_PYTHON (default 3.12) on manylinux x86-64, with its
 #       SHA256SUMS, and DIR/debs: bubblewrap and the libraries it links, for a node without bwrap.
 #       Copy DIR to the node.
-#   bash DIR/scripts/offline_node.sh run [pipeline] [bench] [tests]
+#       For the verl engine, LIST is scripts/wheels/verl-vllm-h200.txt (verl, vLLM and the pipeline).
+#   bash DIR/scripts/offline_node.sh run [drill] [pipeline] [bench] [tests]
 #       There. Installs the wheelhouse into DIR/site (no index; the SHA256SUMS checked; once),
 #       puts bwrap on PATH from DIR/debs where the node has none and checks the sandbox
 #       (scripts/sandbox_check.py), then runs what is named (default: pipeline bench):
-#         pipeline  snakemake --configfile $ATLAS_CONFIG --cores all --resources gpu_mem_gb=<GPU 0's
-#                   GiB> results/report25/ (ATLAS_CONFIG: default config/h200.yaml), then
-#                   `python -m atlas verify` of the report and the per-job time table
+#         drill     the config's first training run ($ATLAS_DRILL_RUN, default training_smoke)
+#                   through Snakemake, killed (SIGKILL to Snakemake and its jobs; Ray stopped)
+#                   as soon as it has saved its first checkpoint; `pipeline` after it resumes
+#                   the run from that checkpoint (resume_mode: auto). drill.txt says what was
+#                   killed when and which checkpoint was left
+#         pipeline  snakemake results/report25/ --configfile $ATLAS_CONFIG --cores all
+#                   --resources gpu_mem_gb=<GPU 0's GiB> --rerun-incomplete (ATLAS_CONFIG: one
+#                   config or several laid over each other, space-separated; default
+#                   config/h200.yaml), then `python -m atlas verify` of the report and the
+#                   per-job time table
 #         bench     scripts/bench_rollout.py, both modes (episodes in both schedules), over the
 #                   pipeline's model
 #         tests     the CUDA tests (tests/gpu)
 #       $ATLAS_NODE_OUT (default DIR/out) gets the command, nvidia-smi, the sandbox check, Snakemake's log,
-#       job_times.md, the report folder, each training run's step_metrics, bench_rollout.json and
-#       pytest_gpu.txt. python3 on PATH must be the interpreter that holds torch: the rules call
+#       job_times.md, the report folder, each training run's step_metrics (and, under verl, verl's
+#       metrics_<n>.jsonl, launch logs, overrides and episode counts in verl/<run>/),
+#       bench_rollout.json and pytest_gpu.txt. python3 on PATH must be the interpreter that holds torch: the rules call
 #       python and torchrun from PATH.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,6 +43,10 @@ pack() {
     [[ $dir != "$here" ]] || { echo "offline_node: DIR must not be the clone itself" >&2; exit 1; }
     # the code as git tracks it (working-tree contents), without the committed evidence
     git -C "$here" ls-files -z | grep -zv '^resources/runs/' | tar -C "$here" --null -T - -cf - | tar -C "$dir" -xf - || exit 1
+    # atlas's own wheel, for its metadata: vLLM finds atlas's plugin by its entry point (the code
+    # itself runs from DIR/src, first on PYTHONPATH)
+    rm -f "$dir"/wheels/atlas-*.whl
+    "$venv" -m pip wheel -q --no-deps -w "$dir/wheels" "$here" || exit 1
     PYTHON=$venv bash "$here/scripts/wheelhouse.sh" build "$list" "$dir/wheels" "${ATLAS_NODE_PYTHON:-3.12}" || exit 1
     rm -rf "$dir/debs" && mkdir -p "$dir/debs"
     if command -v apt-get > /dev/null; then
@@ -54,7 +67,8 @@ install() {
         python3 -m compileall -q -j 0 "$site" > /dev/null 2>&1
         echo "$stamp" > "$site/.atlas-wheelhouse"
     fi
-    export PYTHONPATH=$site:$here/src PYTHONUNBUFFERED=1
+    # DIR/src first: the code that runs is the tree's, whatever the wheelhouse's atlas holds
+    export PYTHONPATH=$here/src:$site PYTHONUNBUFFERED=1
     # an image may forbid writing bytecode next to its packages: keep it here, so that only the
     # first of the pipeline's processes compiles what it imports
     unset PYTHONDONTWRITEBYTECODE
@@ -68,6 +82,8 @@ run() {
     [[ -f $here/wheels/SHA256SUMS ]] || { echo "offline_node: no $here/wheels: run this from a packed DIR" >&2; exit 1; }
     python3 -c "import torch" 2> /dev/null || { echo "offline_node: python3 on PATH has no torch" >&2; exit 1; }
     local steps=("$@") out=${ATLAS_NODE_OUT:-$here/out} config=${ATLAS_CONFIG:-config/h200.yaml}
+    local configs
+    read -ra configs <<< "$config"
     ((${#steps[@]})) || steps=(pipeline bench)
     mkdir -p "$out" && out=$(cd "$out" && pwd)
     install
@@ -80,25 +96,68 @@ run() {
     local step
     for step in "${steps[@]}"; do
         case $step in
-        pipeline) pipeline "$out" "$config" ;;
-        bench) bench "$out" "$config" ;;
+        drill) drill "$out" "${configs[@]}" ;;
+        pipeline) pipeline "$out" "${configs[@]}" ;;
+        bench) bench "$out" "${configs[-1]}" ;;
         tests) python3 -m pytest -p no:cacheprovider -o addopts="" -q -ra tests/gpu > "$out/pytest_gpu.txt" 2>&1
             echo "tests/gpu: exit $?; $(tail -1 "$out/pytest_gpu.txt")" ;;
-        *) echo "offline_node: run takes pipeline, bench or tests, not $step" >&2; exit 2 ;;
+        *) echo "offline_node: run takes drill, pipeline, bench or tests, not $step" >&2; exit 2 ;;
         esac
     done
 }
 
-pipeline() {
-    local out=$1 config=$2 gib start rc log
-    # the jobs share GPU 0: each claims its resources.gpu_memory_gb from GPU 0's memory
-    gib=$(($(nvidia-smi --id=0 --query-gpu=memory.total --format=csv,noheader,nounits) / 1024))
-    echo "python3 -m snakemake --configfile $config --cores all --resources gpu_mem_gb=$gib --keep-going results/report25/" >> "$out/command.txt"
-    python3 -m snakemake --configfile "$config" --unlock > /dev/null 2>&1  # a run cut short leaves its lock
+gpu_gib() {  # the jobs share GPU 0: each claims its resources.gpu_memory_gb from GPU 0's memory
+    echo $(($(nvidia-smi --id=0 --query-gpu=memory.total --format=csv,noheader,nounits) / 1024))
+}
+
+stop_ray() {  # a killed verl job leaves its Ray cluster (and vLLM's GPU memory) behind
+    python3 -c "import ray" 2> /dev/null && python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
+    return 0
+}
+
+drill() {
+    local out=$1 run=${ATLAS_DRILL_RUN:-training_smoke} gib start pid saved=""
+    shift
+    local ck=results/checkpoints/$run
+    gib=$(gpu_gib)
+    python3 -m snakemake --configfile "$@" --unlock > /dev/null 2>&1
+    echo "python3 -m snakemake results/runs/$run --configfile $* --cores all --resources gpu_mem_gb=$gib  (killed at its first checkpoint)" >> "$out/command.txt"
     start=$(date +%s)
-    python3 -m snakemake --configfile "$config" --cores all --resources gpu_mem_gb="$gib" --keep-going results/report25/
+    setsid python3 -m snakemake "results/runs/$run" --configfile "$@" --cores all --resources gpu_mem_gb="$gib" \
+        > "$out/drill_snakemake.log" 2>&1 &
+    pid=$!
+    while kill -0 "$pid" 2> /dev/null; do
+        # the local trainer's complete step_<k>/ (it has a MANIFEST.json), or verl's tracker
+        saved=$(ls -d "$ck"/step_*/MANIFEST.json "$ck"/verl/checkpoints/latest_checkpointed_iteration.txt 2> /dev/null | head -1)
+        [[ -n $saved ]] && break
+        sleep 2
+    done
+    if [[ -z $saved ]]; then
+        wait "$pid"
+        echo "drill: $run ended (exit $?) after $(($(date +%s) - start)) s before it saved a checkpoint" | tee -a "$out/drill.txt"
+        return 1
+    fi
+    kill -KILL -- "-$pid"
+    wait "$pid" 2> /dev/null
+    stop_ray
+    {
+        echo "drill: killed Snakemake and its jobs (SIGKILL) $(($(date +%s) - start)) s after the start, once $saved existed"
+        echo "checkpoints left: $(cd "$ck" && ls -d step_* verl/checkpoints/global_step_* 2> /dev/null | tr '\n' ' ')"
+    } | tee -a "$out/drill.txt"
+    python3 -m snakemake --configfile "$@" --unlock > /dev/null 2>&1
+}
+
+pipeline() {
+    local out=$1 gib start rc log
+    shift
+    gib=$(gpu_gib)
+    echo "python3 -m snakemake results/report25/ --configfile $* --cores all --resources gpu_mem_gb=$gib --keep-going --rerun-incomplete" >> "$out/command.txt"
+    python3 -m snakemake --configfile "$@" --unlock > /dev/null 2>&1  # a run cut short leaves its lock
+    start=$(date +%s)
+    python3 -m snakemake results/report25/ --configfile "$@" --cores all --resources gpu_mem_gb="$gib" --keep-going --rerun-incomplete
     rc=$?
     echo "snakemake: exit $rc after $(($(date +%s) - start)) s"
+    stop_ray
     log=$(ls -t .snakemake/log/*.snakemake.log 2> /dev/null | head -1)
     if [[ -n $log ]]; then
         cp "$log" "$out/snakemake.log"
@@ -107,6 +166,13 @@ pipeline() {
     mkdir -p "$out/step_metrics"
     for f in results/runs/*/step_metrics.parquet; do
         [[ -f $f ]] && cp "$f" "$out/step_metrics/$(basename "$(dirname "$f")").parquet"
+    done
+    local verl run
+    for verl in results/checkpoints/*/verl; do  # verl's own outputs, beside the converted run
+        [[ -d $verl ]] || continue
+        run=$(basename "$(dirname "$verl")")
+        mkdir -p "$out/verl/$run"
+        cp "$verl"/metrics_*.jsonl "$verl"/launch_*.log "$verl"/overrides.txt "$verl"/episode_counts.json "$out/verl/$run/" 2> /dev/null
     done
     tar -czf "$out/logs.tgz" results/logs 2> /dev/null
     if [[ -d results/report25 ]]; then
@@ -127,5 +193,5 @@ bench() {
 case $what in
 pack) shift && pack "$@" ;;
 run) shift && run "$@" ;;
-*) sed -n '2,24p' "$0" >&2 && exit 2 ;;
+*) sed -n '2,/^set -uo/p' "$0" | grep '^#' >&2 && exit 2 ;;
 esac

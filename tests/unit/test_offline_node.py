@@ -24,7 +24,7 @@ def test_its_usage_names_both_halves():
     proc = script()
     assert proc.returncode == 2
     assert "bash scripts/offline_node.sh pack DIR [LIST]" in proc.stderr
-    assert "bash DIR/scripts/offline_node.sh run [pipeline] [bench] [tests]" in proc.stderr
+    assert "bash DIR/scripts/offline_node.sh run [drill] [pipeline] [bench] [tests]" in proc.stderr
 
 
 def test_pack_needs_the_clones_venv_and_another_folder(tmp_path):
