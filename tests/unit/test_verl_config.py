@@ -325,3 +325,20 @@ def test_importing_needs_neither_verl_nor_hydra():
     code = "import sys, atlas.verl.config; print(sorted({'verl', 'hydra', 'omegaconf'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.verl
+def test_the_shipped_verl_pipeline_config_composes_at_the_reports_batch(hf_model, tmp_path):
+    """config/h200-verl.yaml over config/h200.yaml (--configfile h200.yaml h200-verl.yaml): the
+    report's batch, LoRA and turns reach verl, and its node overrides compose."""
+    from atlas.config.study import merged, read_yaml
+
+    layers = [read_yaml(REPO / "config" / f) for f in ("config.yaml", "h200.yaml", "h200-verl.yaml")]
+    cfg = parse_config(merged(merged(layers[0], layers[1]), layers[2]), "config/h200-verl.yaml")
+    c = compose(overrides_for(cfg, "training_smoke", verl_paths(tmp_path, hf_model)))
+    assert (c.data.train_batch_size, c.actor_rollout_ref.rollout.n) == (32, 8)
+    assert (c.actor_rollout_ref.model.lora_rank, c.critic.model.lora_alpha) == (64, 128)
+    assert c.trainer.total_training_steps == 2 and c.trainer.resume_mode == "auto"
+    assert c.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
+    assert c.actor_rollout_ref.rollout.gpu_memory_utilization == 0.4
+    assert c.actor_rollout_ref.rollout.enforce_eager is True
