@@ -138,6 +138,7 @@ drill() {
         return 1
     fi
     kill -KILL -- "-$pid"
+    pkill -KILL -f "atlas.stages.train" # a job Snakemake started in a session of its own
     wait "$pid" 2> /dev/null
     stop_ray
     {
