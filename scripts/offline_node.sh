@@ -18,11 +18,11 @@
 #                   as soon as it has saved its first checkpoint; `pipeline` after it resumes
 #                   the run from that checkpoint (resume_mode: auto). drill.txt says what was
 #                   killed when and which checkpoint was left
-#         pipeline  snakemake results/report25/ --configfile $ATLAS_CONFIG --cores all
-#                   --resources gpu_mem_gb=<GPU 0's GiB> --rerun-incomplete (ATLAS_CONFIG: one
-#                   config or several laid over each other, space-separated; default
-#                   config/h200.yaml), then `python -m atlas verify` of the report and the
-#                   per-job time table
+#         pipeline  snakemake $ATLAS_TARGET --configfile $ATLAS_CONFIG --cores all
+#                   --resources gpu_mem_gb=<GPU 0's GiB> --rerun-incomplete (ATLAS_TARGET: default
+#                   results/report25/; ATLAS_CONFIG: one config or several laid over each other,
+#                   space-separated; default config/h200.yaml), then `python -m atlas verify` of
+#                   the report and the per-job time table
 #         bench     scripts/bench_rollout.py, both modes (episodes in both schedules), over the
 #                   pipeline's model
 #         tests     the CUDA tests (tests/gpu)
@@ -149,13 +149,13 @@ drill() {
 }
 
 pipeline() {
-    local out=$1 gib start rc log
+    local out=$1 gib start rc log target=${ATLAS_TARGET:-results/report25/}
     shift
     gib=$(gpu_gib)
-    echo "python3 -m snakemake results/report25/ --configfile $* --cores all --resources gpu_mem_gb=$gib --keep-going --rerun-incomplete" >> "$out/command.txt"
+    echo "python3 -m snakemake $target --configfile $* --cores all --resources gpu_mem_gb=$gib --keep-going --rerun-incomplete" >> "$out/command.txt"
     python3 -m snakemake --configfile "$@" --unlock > /dev/null 2>&1  # a run cut short leaves its lock
     start=$(date +%s)
-    python3 -m snakemake results/report25/ --configfile "$@" --cores all --resources gpu_mem_gb="$gib" --keep-going --rerun-incomplete
+    python3 -m snakemake "$target" --configfile "$@" --cores all --resources gpu_mem_gb="$gib" --keep-going --rerun-incomplete
     rc=$?
     echo "snakemake: exit $rc after $(($(date +%s) - start)) s"
     stop_ray
