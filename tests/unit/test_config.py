@@ -171,6 +171,27 @@ def test_a_training_slice_holds_only_its_own_run():
     assert config_slice(parse_config(raw), "dose_step")["training"]["run"]["doses"] == [0.0, 2.0]
 
 
+def test_the_distributed_roundtrip_slice_holds_the_seed_and_the_engine_keys_of_every_run():
+    from atlas.config.training import RoundtripSlice
+
+    raw = default_raw()
+    raw["seed"] = 7
+    raw["training"]["ppo"]["actor_lr"] = 3e-6
+    before = config_slice(parse_config(raw), "distributed_roundtrip")
+    assert set(before) == {"seed", "training"}
+    assert {"run", "runs", "dose_step", "verl"}.isdisjoint(before["training"])  # verl: engine local
+    sl = RoundtripSlice.model_validate(before)
+    assert (sl.seed, sl.training.ppo.actor_lr) == (7, 3e-6)
+    assert sl.training.lora_rank == raw["training"]["lora_rank"]
+    raw["training"]["runs"]["zero_potential"]["dose"] = 0.25  # a run's entry: its training reruns
+    raw["training"]["dose_step"]["doses"] = [0.0, 2.0]
+    raw["graders"] = {**raw.get("graders", {}), "test_timeout_s": 9.0}
+    assert config_slice(parse_config(raw), "distributed_roundtrip") == before
+    raw["training"]["ppo"]["critic_lr"] = 2e-5
+    changed = RoundtripSlice.model_validate(config_slice(parse_config(raw), "distributed_roundtrip"))
+    assert changed.training.ppo.critic_lr == 2e-5
+
+
 def test_checks_resume_the_first_checkpoints_and_sit_in_their_own_slice():
     from atlas.config.checks import ChecksConfig
     from atlas.config.study import config_slice, load_config

@@ -1,4 +1,4 @@
-"""Training (`training`: PPO, the runs, the dose step, verl), and the slices of the stages that train: train, checks' base, dose_step."""
+"""Training (`training`: PPO, the runs, the dose step, verl), and the slices of the stages that train: train, checks' base, dose_step, and the distributed roundtrip's."""
 
 from __future__ import annotations
 
@@ -296,3 +296,12 @@ class DoseSlice(TrainingSlice):
     training: TrainingConfig = Field(description="The training keys, without runs.")
     resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
     run: DoseRunSlice = Field(description="The doses and the potential being dosed.")
+
+
+class RoundtripSlice(TrainingSlice):
+    """The distributed roundtrip's slice: the policy it shards (adapter shape, learning rates) and
+    the seed it is built with. Every run's roundtrip reads the same one; the run's checkpoint is
+    its input folder."""
+
+    seed: int = Field(ge=0, description="Global seed.")
+    training: TrainingConfig = Field(description="The training keys, without runs.")
