@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from atlas.config.adapters import AdapterShape
 from atlas.config.base import ConfigError, Strict, format_validation_error
 from atlas.config.checks import ChecksConfig
 from atlas.config.data import DataConfig, ScheduleConfig
@@ -180,9 +181,7 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
         if training["engine"] == "local":  # the verl knobs cannot change a local run
             training.pop("verl")
         if stage == "validation":  # the policy's adapter shape; its run folder is an input
-            training = {
-                k: training[k] for k in ("lora_rank", "lora_alpha", "lora_targets", "responses_per_question")
-            }
+            training = {k: training[k] for k in AdapterShape.model_fields}
         elif stage in ("training", "checks"):  # the checks read the run's slice, and their own
             if run not in runs:
                 raise KeyError(f"no training run {run!r}; configured: {sorted(runs)}")

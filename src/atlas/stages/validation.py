@@ -98,12 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     s = args.config_slice
     sl = ValidationSlice.model_validate(s)
     inputs = RolloutInputs(val=args.val, tests=args.tests, model=args.model)
-    runtime, graders, resources, training = sl.runtime, sl.graders, sl.resources, sl.training
+    runtime, graders, resources = sl.runtime, sl.graders, sl.resources
     require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
     model, tokenizer = load_model(inputs.model, resources.device)
     probes: dict = {"base_tensors": {}}
 
-    ac = ActorCritic(model, training, seed=sl.seed).to(resources.device)
+    ac = ActorCritic(model, sl.training, seed=sl.seed).to(resources.device)
     initial = {n: t.detach().clone() for n, t in ac.trainable("actor").items()}
     if args.policy != "base":
         index = json.loads((args.run_folder / "checkpoints.json").read_text(encoding="utf-8"))
