@@ -53,11 +53,8 @@ rule distributed_roundtrip:
     resources:
         gpu=2 if ATLAS.resources.gpus >= 2 else 0,  # NCCL needs a GPU per rank, else gloo on the CPU
     params:
-        training=lambda wc: canonical_json(
-            config_slice(ATLAS, "training", wc.run)["training"]
-        ),
-        seed=ATLAS.seed,
+        slice=stage_slice("distributed_roundtrip"),
     shell:
         "OMP_NUM_THREADS={threads} torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip"
-        " --model {input.model} --run-folder {input.run} --training {params.training:q}"
-        " --seed {params.seed} --out {output} > {log} 2>&1"
+        " --config-slice {params.slice:q} --model {input.model} --run-folder {input.run}"
+        " --out {output} > {log} 2>&1"

@@ -17,13 +17,14 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from atlas.config.study import config_slice, load_config
 from atlas.config.training import TrainSlice
 from atlas.hashing import atomic_write_json
 from atlas.rl.checkpoint import save_compact
 from atlas.rl.step import open_session, train_step
+from atlas.runtime.inputs import TrainingInputs
+from atlas.stage import show_library_log
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,14 +38,14 @@ def main() -> None:
     args = ap.parse_args()
     cfg = load_config(args.config)
     data = REPO / "results/data"
-    files = SimpleNamespace(
+    inputs = TrainingInputs(
         train=data / "train.parquet",
         val=data / "val.parquet",
         tests=data / "tests.parquet",
         model=REPO / "results/models" / cfg.model.name,
-        snapshot=None,
     )
-    sess = open_session(TrainSlice.model_validate(config_slice(cfg, "training", args.run)), files)
+    show_library_log()  # the step's progress lines, as the training stage shows them
+    sess = open_session(TrainSlice.model_validate(config_slice(cfg, "training", args.run)), inputs)
     steps = []
     for k in range(args.steps):
         t = time.perf_counter()

@@ -48,7 +48,7 @@ config = parse_config(merged(read_yaml(base), read_yaml(overlay)), overlay)
 slices = {
     "slice.json": config_slice(config, "training", "training_smoke"),
     "checks.json": config_slice(config, "checks", "training_smoke"),
-    "roundtrip.json": config_slice(config, "training", "training_smoke")["training"],
+    "roundtrip.json": config_slice(config, "distributed_roundtrip"),
 }
 for name, value in slices.items():
     Path(dest, name).write_text(canonical_json(value), encoding="utf-8")
@@ -117,11 +117,10 @@ collect() {
 # checkpoint, then the checkpoint, roundtrip and batch checks
 checks() {
     [[ -f $bundle/checks.json ]] || return 0
-    local seed rc
-    seed=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["seed"])' "$bundle/checks.json")
+    local rc
     timeout "${CHECKS_S:-600}" env OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip \
-        --model "$bundle/model" --run-folder "$run" --training "$(cat "$bundle/roundtrip.json")" \
-        --seed "$seed" --out /tmp/atlas/checks.distributed > "$out/distributed_roundtrip.log" 2>&1
+        --config-slice "$(cat "$bundle/roundtrip.json")" --model "$bundle/model" --run-folder "$run" \
+        --out /tmp/atlas/checks.distributed > "$out/distributed_roundtrip.log" 2>&1
     rc=$?
     echo "distributed_roundtrip exit $rc at ${SECONDS}s" | tee -a "$out/kill.txt"
     ((rc == 0)) || return 1

@@ -1,4 +1,5 @@
-"""What every stage's command line shares: the config slice, the output, the code it runs.
+"""What the stages' command lines share: the config slice, the output, the code it runs, the
+arguments of the rollout and training stages, and where progress lines go.
 
 Every path argument of a stage but its outputs is an input, and is checked against the
 MANIFEST.json of the folder it lies in before the stage reads it (`verify_inputs`, the same code
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import logging
 import os
 import sys
 import time
@@ -96,6 +98,26 @@ def stage_parser(description: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def rollout_parser(description: str) -> argparse.ArgumentParser:
+    """A rollout stage's command line: the config slice and output, the data and the model (the
+    stage reads them as atlas.runtime.inputs.RolloutInputs)."""
+    parser = stage_parser(description)
+    parser.add_argument("--val", required=True, type=Path, help="results/data/val.parquet")
+    parser.add_argument("--tests", required=True, type=Path, help="results/data/tests.parquet")
+    parser.add_argument("--model", required=True, type=Path, help="the base model folder")
+    return parser
+
+
+def training_parser(description: str) -> argparse.ArgumentParser:
+    """A training stage's command line: a rollout stage's, plus the schedule, checkpoints, snapshot
+    (the stage reads them as atlas.runtime.inputs.TrainingInputs)."""
+    p = rollout_parser(description)
+    p.add_argument("--train", required=True, type=Path, help="results/data/train.parquet")
+    p.add_argument("--checkpoints", required=True, type=Path, help="results/checkpoints/<run>")
+    p.add_argument("--snapshot", type=Path, help="run folder whose critic is the frozen potential")
+    return p
+
+
 def code_files(module: str) -> list[str]:
     """The source files `module` runs, relative to the working directory where possible."""
     return module_files(module, relative_to=Path.cwd())
@@ -105,6 +127,18 @@ def log(stage: str, message: str, **fields: Any) -> None:
     """One progress line on stderr (rules send it to their log file)."""
     extra = " ".join(f"{k}={v}" for k, v in fields.items())
     print(f"[{time.strftime('%H:%M:%S')}] {stage}: {message} {extra}".rstrip(), file=sys.stderr, flush=True)
+
+
+def show_library_log() -> None:
+    """The library's own loggers (`logging.getLogger(__name__)` under `atlas`) on stderr at INFO,
+    as log() writes: library modules log without knowing which stage runs them."""
+    logger = logging.getLogger("atlas")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", datefmt="%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # once: a root handler another library sets up would repeat each line
 
 
 GPU_MEMORY_ENV = "ATLAS_GPU_MEM_GB"  # the job's claim of resources.gpu_memory_gb (rules set it)
@@ -145,6 +179,7 @@ def _exit_status(main: Callable[[], None]) -> int:
     """main()'s exit status, as the interpreter would give it, with its output flushed."""
     status = 0
     try:
+        show_library_log()
         hold_gpu_memory()
         main()
     except (InputError, ValidationError) as err:

@@ -73,7 +73,10 @@ MATRIX = [
         )
         for section in ("runtime", "graders", "resources")
     ),
-    ("config/training.py", AFTER_TRAINING | BASE, AFTER_TRAINING | BASE),
+    # The training section reruns training and what reads its runs; the adapters' shape, which
+    # loading a policy needs, every validation too (the base's LoRA is built, then disabled).
+    ("config/training.py", AFTER_TRAINING, AFTER_TRAINING),
+    ("config/adapters.py", AFTER_TRAINING | BASE, AFTER_TRAINING | BASE),
     ("config/smoke.py", {"smoke", "boundary", "report"}, {"smoke", "boundary", "report"}),
     ("config/checks.py", CHECKS | {"report"}, CHECKS | {"report"}),
     ("config/validation.py", TRAINED | BASE | {"report"}, TRAINED | BASE | {"report"}),

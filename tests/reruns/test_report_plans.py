@@ -48,6 +48,23 @@ def test_a_checks_setting_plans_only_the_checks_and_the_report_again(pipeline, t
     assert jobs_to_run(wf, ["results/report25"]) == {"distributed_roundtrip", "checks", "report"}
 
 
+def test_a_training_key_plans_no_validation_of_the_base_the_adapters_shape_does(pipeline, tmp_path):
+    """Full validation reads the adapters' shape alone of the training section: the group size
+    reruns training and what reads the runs, never the base model's validation."""
+    import yaml
+
+    wf = copy_pipeline(pipeline, tmp_path / "wf", drop=("results/checkpoints",))
+    cfg = wf / "config" / "config.yaml"
+    raw = yaml.safe_load(cfg.read_text())
+    raw["training"]["responses_per_question"] += 1
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    planned = outputs_to_run(wf, ["results/report25"])
+    assert "results/validation/zero_potential" in planned and "results/validation/base" not in planned
+    raw["training"]["lora_alpha"] *= 2
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert "results/validation/base" in outputs_to_run(wf, ["results/report25"])
+
+
 def test_grader_fix_plans_only_the_grader_dependent_jobs(pipeline, tmp_path):
     wf = copy_pipeline(pipeline, tmp_path / "wf", drop=("results/checkpoints",))
     grader = wf / "src" / "atlas" / "graders" / "lcb.py"

@@ -171,6 +171,52 @@ def test_a_training_slice_holds_only_its_own_run():
     assert config_slice(parse_config(raw), "dose_step")["training"]["run"]["doses"] == [0.0, 2.0]
 
 
+def test_the_distributed_roundtrip_slice_holds_the_seed_and_the_engine_keys_of_every_run():
+    from atlas.config.training import RoundtripSlice
+
+    raw = default_raw()
+    raw["seed"] = 7
+    raw["training"]["ppo"]["actor_lr"] = 3e-6
+    before = config_slice(parse_config(raw), "distributed_roundtrip")
+    assert set(before) == {"seed", "training"}
+    assert {"run", "runs", "dose_step", "verl"}.isdisjoint(before["training"])  # verl: engine local
+    sl = RoundtripSlice.model_validate(before)
+    assert (sl.seed, sl.training.ppo.actor_lr) == (7, 3e-6)
+    assert sl.training.lora_rank == raw["training"]["lora_rank"]
+    raw["training"]["runs"]["zero_potential"]["dose"] = 0.25  # a run's entry: its training reruns
+    raw["training"]["dose_step"]["doses"] = [0.0, 2.0]
+    raw["graders"] = {**raw.get("graders", {}), "test_timeout_s": 9.0}
+    assert config_slice(parse_config(raw), "distributed_roundtrip") == before
+    raw["training"]["ppo"]["critic_lr"] = 2e-5
+    changed = RoundtripSlice.model_validate(config_slice(parse_config(raw), "distributed_roundtrip"))
+    assert changed.training.ppo.critic_lr == 2e-5
+
+
+def test_the_validation_slice_holds_the_studys_adapter_shape_and_no_other_training_key():
+    from atlas.config.adapters import AdapterShape
+    from atlas.config.validation import ValidationSlice
+
+    raw = yaml.safe_load((REPO / "config" / "report25.yaml").read_text())
+    raw["training"]["lora_targets"] = ["q_proj", "v_proj"]
+    before = config_slice(parse_config(raw), "validation")
+    assert before["training"] == {"lora_rank": 64, "lora_alpha": 128, "lora_targets": ["q_proj", "v_proj"]}
+    # the study's values, and no training key it does not read (defaulted or not)
+    shape = AdapterShape(lora_rank=64, lora_alpha=128, lora_targets=["q_proj", "v_proj"])
+    assert ValidationSlice.model_validate(before).training == shape
+    # training keys validation does not read leave its slice alone: no validation reruns
+    raw["training"]["responses_per_question"] = 4
+    raw["training"]["merged_rollouts"] = False
+    raw["training"]["ppo"] = {**raw["training"].get("ppo", {}), "actor_lr": 3.0e-6}
+    raw["training"]["runs"]["zero_potential"]["dose"] = 0.5
+    assert config_slice(parse_config(raw), "validation") == before
+    raw["training"]["lora_alpha"] = 64  # the adapters' shape reruns every validation
+    assert config_slice(parse_config(raw), "validation")["training"]["lora_alpha"] == 64
+    with pytest.raises(ValueError, match="responses_per_question"):
+        ValidationSlice.model_validate(
+            {**before, "training": {**before["training"], "responses_per_question": 8}}
+        )
+
+
 def test_checks_resume_the_first_checkpoints_and_sit_in_their_own_slice():
     from atlas.config.checks import ChecksConfig
     from atlas.config.study import config_slice, load_config

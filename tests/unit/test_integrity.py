@@ -80,6 +80,7 @@ def test_the_distributed_roundtrip_refuses_a_changed_run_folder_before_any_rank_
         (folder / "data.bin").write_bytes(b"\x00" * 64)
         write_manifest(folder, stage="test")
     (run / "data.bin").write_bytes(b"\x00" * 63 + b"\x01")  # one byte flipped, same size
-    argv = ["--model", str(model), "--run-folder", str(run), "--training", "{}", "--out", str(tmp_path / "o")]
+    argv = ["--config-slice", "{}", "--model", str(model), "--run-folder", str(run)]
+    argv += ["--out", str(tmp_path / "o")]
     with pytest.raises(CorruptInputError, match=rf"(?s){run}/data.bin: sha256.*rebuild {run}"):
         distributed_roundtrip.main(argv)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
+import logging
 import struct
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -33,16 +34,23 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     }
 
 
-def logged(capsys) -> list[str]:
-    """The log lines on stderr, without their clock time."""
-    return [re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", line) for line in capsys.readouterr().err.splitlines()]
+@pytest.fixture(autouse=True)
+def _log_info(caplog):
+    caplog.set_level(logging.INFO, logger="atlas")
+
+
+def logged(caplog) -> list[str]:
+    """The lines the recovery logs (a stage shows them on stderr, after their clock time)."""
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("atlas.")]
+    caplog.clear()
+    return lines
 
 
 def truncate(path: Path, n: int) -> None:
     path.write_bytes(path.read_bytes()[:-n])
 
 
-def test_the_run_resumes_from_the_last_good_step_by_number(tmp_path, capsys):
+def test_the_run_resumes_from_the_last_good_step_by_number(tmp_path, caplog):
     root = tmp_path / "run"
     for k in (2, 9, 10, 11):
         checkpoint(root, k)
@@ -66,23 +74,23 @@ def test_the_run_resumes_from_the_last_good_step_by_number(tmp_path, capsys):
         "step_9",
         "step_best",
     ]
-    assert logged(capsys) == [
+    assert logged(caplog) == [
         f"run: checkpoint step_11 is corrupt; moved aside to={aside / 'step_11'} why={why}",
         "run: resuming from the last good checkpoint last_good=step_10",  # not step_2, not step_9
     ]
     assert latest_checkpoint(root) == root / "step_10"
 
 
-def test_with_no_good_step_left_the_run_starts_over(tmp_path, capsys):
+def test_with_no_good_step_left_the_run_starts_over(tmp_path, caplog):
     root = tmp_path / "run"
     (checkpoint(root, 4) / MANIFEST).unlink()
     event = check_checkpoints(root, "run")
     assert event["moved"] == ["step_4"] and not (root / "step_4").exists()
-    assert logged(capsys)[-1] == "run: no good checkpoint left: starting over last_good=None"
+    assert logged(caplog)[-1] == "run: no good checkpoint left: starting over last_good=None"
     assert latest_checkpoint(root) is None
 
 
-def test_a_check_reads_only_the_checkpoint_and_writes_nothing_into_it(tmp_path, capsys):
+def test_a_check_reads_only_the_checkpoint_and_writes_nothing_into_it(tmp_path, caplog):
     """A checkpoint is judged by its own files: not by the code files its manifest may name (a
     resume after an edit keeps its checkpoints), and without a hash cache, which the check would
     otherwise write beside a tensor file of a megabyte or more."""
@@ -97,7 +105,7 @@ def test_a_check_reads_only_the_checkpoint_and_writes_nothing_into_it(tmp_path, 
     code.unlink()
     assert check_checkpoints(root, "run") is None
     assert snapshot(folder) == before
-    assert logged(capsys) == []
+    assert logged(caplog) == []
 
 
 # --- verl's checkpoints -------------------------------------------------------------------------
@@ -113,7 +121,7 @@ def shard(folder: Path, data: bytes | None = None, **tensors) -> Path:
     return path
 
 
-def test_only_whole_shards_are_sealed_and_verl_goes_back_to_the_last_whole_step(tmp_path, capsys):
+def test_only_whole_shards_are_sealed_and_verl_goes_back_to_the_last_whole_step(tmp_path, caplog):
     root = tmp_path / "run"
     folder = root / "verl" / "checkpoints"
     shard(folder / "global_step_1")  # whole, with the metadata every safetensors file carries
@@ -147,7 +155,7 @@ def test_only_whole_shards_are_sealed_and_verl_goes_back_to_the_last_whole_step(
         "global_step_2",
     ]
     aside = tmp_path / "run.corrupt-1" / "verl" / "checkpoints"
-    assert logged(capsys)[0] == (
+    assert logged(caplog)[0] == (
         f"run: checkpoint global_step_11 is corrupt; moved aside to={aside / 'global_step_11'} "
         f"why={short}: 2 bytes, too short for a safetensors header"
     )

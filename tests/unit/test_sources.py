@@ -27,11 +27,13 @@ def test_data_stage_runs_the_readers_but_not_the_model():
         ("build_tiny_model", ["model"]),
         ("smoke", ["graders", "resources", "runtime", "smoke"]),
         ("boundary", ["graders", "resources", "runtime", "smoke"]),
-        ("train", ["data", "graders", "resources", "runtime", "training"]),
-        ("dose_step", ["data", "graders", "resources", "runtime", "training"]),
-        ("checks", ["checks", "data", "graders", "resources", "runtime", "training"]),
-        ("validation", ["data", "graders", "resources", "runtime", "training", "validation"]),
-        ("train_verl", ["data", "graders", "resources", "runtime", "training"]),
+        ("train", ["adapters", "data", "graders", "resources", "runtime", "training"]),
+        ("dose_step", ["adapters", "data", "graders", "resources", "runtime", "training"]),
+        ("checks", ["adapters", "checks", "data", "graders", "resources", "runtime", "training"]),
+        # the adapters' shape, and not the training section: see atlas.config.adapters
+        ("validation", ["adapters", "graders", "resources", "runtime", "validation"]),
+        ("train_verl", ["adapters", "data", "graders", "resources", "runtime", "training"]),
+        ("distributed_roundtrip", ["adapters", "data", "graders", "resources", "runtime", "training"]),
     ],
 )
 def test_a_stage_runs_the_config_sections_of_its_slice_alone(stage, sections):

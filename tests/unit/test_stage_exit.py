@@ -5,6 +5,7 @@ interpreter's exit."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -82,3 +83,34 @@ def test_a_gpu_memory_claim_without_a_gpu_is_refused_before_main_runs():
     assert proc.stdout == ""  # main() never ran
     env["ATLAS_GPU_MEM_GB"] = "0"  # the rules' value when the config claims nothing
     assert subprocess.run([sys.executable, "-c", PROGRAM, "ok"], env=env, timeout=120).returncode == 0
+
+
+LOGGING = """
+import logging, sys
+from pathlib import Path
+from atlas.rl.journal import open_root
+from atlas.stage import log, run
+
+def main():
+    root = Path(sys.argv[1]) / "arm"
+    (root / "step_1").mkdir(parents=True)  # earlier work without a fingerprint
+    open_root(root, {"config": 1}, "auto", "arm")
+    log("arm", "the stage's own line", steps=2)
+    logging.getLogger("filelock").info("another library's line")
+
+run(main)
+"""
+
+
+def test_a_stage_shows_the_library_log_lines_as_its_own(tmp_path):
+    """Library modules log through their own `logging` loggers; run() puts the lines of those
+    under `atlas` on stderr in the stage's own format, and no other library's INFO lines."""
+    proc = subprocess.run(
+        [sys.executable, "-c", LOGGING, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [re.fullmatch(r"\[\d\d:\d\d:\d\d\] (.*)", line) for line in proc.stderr.splitlines()]
+    assert [m and m.group(1) for m in lines] == [
+        f"arm: earlier work has no fingerprint; moved aside to={tmp_path / 'arm.stale-unfingerprinted'}",
+        "arm: the stage's own line steps=2",
+    ]

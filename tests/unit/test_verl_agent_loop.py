@@ -29,7 +29,7 @@ from atlas.config.study import config_slice, load_config, parse_config  # noqa: 
 from atlas.rl.potentials import make_potential, register_potential  # noqa: E402
 from atlas.rl.rewards import RewardPlacementError, shape_episode  # noqa: E402
 from atlas.runtime.episode import EpisodeSpec, run_episodes  # noqa: E402
-from atlas.runtime.inputs import read_questions, read_tests  # noqa: E402
+from atlas.runtime.inputs import TrainingInputs, read_questions, read_tests  # noqa: E402
 from atlas.runtime.session import load_runtime  # noqa: E402
 from atlas.verl.agent_loop import (  # noqa: E402
     AtlasAgentLoopOutput,
@@ -251,7 +251,6 @@ def test_potential_token_rewards_dtype():
 def converted(played, tiny_model, data_dir, tmp_path_factory):
     """A run folder assembled by atlas.verl.convert from verl-shaped outputs: the played episodes
     as one training step and two validations, two metrics files, one LoRA-only verl checkpoint."""
-    import argparse
     import shutil
 
     from atlas.verl import convert
@@ -301,18 +300,18 @@ def converted(played, tiny_model, data_dir, tmp_path_factory):
         dose=1.0,
         expected={"train": len(outputs), "val": len(outputs)},
     )
-    args = argparse.Namespace(
+    inputs = TrainingInputs(
         train=data_dir / "train.parquet",
         val=data_dir / "val.parquet",
         tests=data_dir / "tests.parquet",
         model=tiny_model,
-        snapshot=None,
-        out=tmp_path / "run",
     )
+    out = tmp_path / "run"
     s = config_slice(_cfg(), "training", RUN)
     convert.assemble_run(
-        args,
+        inputs,
         root,
+        out,
         s,
         name=RUN,
         steps=1,
@@ -320,15 +319,14 @@ def converted(played, tiny_model, data_dir, tmp_path_factory):
         module="atlas.stages.train_verl",
         code=lambda m: [],
     )
-    return args, s, trained
+    return inputs, out, s, trained
 
 
 def test_converter_builds_the_run_folder_from_verl_shaped_outputs(played, converted):
     import polars as pl
 
     _, _, outputs, _, _ = played
-    args, _, trained = converted
-    out = args.out
+    _, out, _, trained = converted
     n_records = sum(len(o.extra_fields["records"]) for o in outputs)
     records = pl.read_parquet(out / "records.parquet")
     assert records.height == 3 * n_records
@@ -466,7 +464,7 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
     from atlas.checks.compact import CheckFailed
     from atlas.stages import checks as checks_stage
 
-    args, s, _ = converted
+    inputs, run_folder, s, _ = converted
     # the launcher's slice: engine verl, and the one step the converted run has
     s = {**s, "training": {**s["training"], "engine": "verl", "run": {**s["training"]["run"], "steps": 1}}}
     distributed = tmp_path / "distributed"
@@ -476,12 +474,14 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
             *(
                 "-m",
                 "atlas.stages.distributed_roundtrip",
+                "--config-slice",
+                json.dumps(config_slice(_cfg(), "distributed_roundtrip")),
                 "--model",
-                str(args.model),
+                str(inputs.model),
                 "--run-folder",
-                str(args.out),
+                str(run_folder),
             ),
-            *("--training", json.dumps(s["training"]), "--seed", str(s["seed"]), "--out", str(distributed)),
+            *("--out", str(distributed)),
         ],
         check=True,
         capture_output=True,
@@ -491,9 +491,9 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
     def checks(config: dict, out: Path) -> None:
         checks_stage.main(
             [
-                *("--config-slice", json.dumps(config), "--train", str(args.train)),
-                *("--val", str(args.val), "--tests", str(args.tests), "--model", str(args.model)),
-                *("--checkpoints", str(tmp_path / "unused"), "--run-folder", str(args.out)),
+                *("--config-slice", json.dumps(config), "--train", str(inputs.train)),
+                *("--val", str(inputs.val), "--tests", str(inputs.tests), "--model", str(inputs.model)),
+                *("--checkpoints", str(tmp_path / "unused"), "--run-folder", str(run_folder)),
                 *("--distributed", str(distributed), "--out", str(out)),
             ]
         )
@@ -527,8 +527,8 @@ def test_the_checks_stage_reads_a_verl_run(converted, tmp_path):
 def test_the_checks_stage_refuses_a_changed_verl_shard(converted, tmp_path):
     from atlas.checks.compact import CheckFailed, verl_checkpoint_shards
 
-    args, _, _ = converted
-    index = json.loads((args.out / "adapters" / "verl_checkpoints.json").read_text())
+    _, run_folder, _, _ = converted
+    index = json.loads((run_folder / "adapters" / "verl_checkpoints.json").read_text())
     assert verl_checkpoint_shards(index)[0]["shards"]["critic"] == {"model": 1}
     index[0]["files"]["critic/model_world_size_1_rank_0.pt"]["sha256"] = "0" * 64
     with pytest.raises(CheckFailed, match="critic/model_world_size_1_rank_0.pt: sha256"):

@@ -239,10 +239,11 @@ def test_distributed_roundtrip_records(pipeline, run):
 
 
 def test_a_diverging_rank_is_named(pipeline, tmp_path):
-    training = config_slice(CFG, "training", "zero_potential")["training"]
+    sl = json.dumps(config_slice(CFG, "distributed_roundtrip"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += ["-m", "atlas.stages.distributed_roundtrip", "--model", "results/models/tiny", "--run-folder"]
-    cmd += ["results/runs/zero_potential", "--training", json.dumps(training), "--out", str(tmp_path)]
+    cmd += ["-m", "atlas.stages.distributed_roundtrip", "--config-slice", sl]
+    cmd += ["--model", "results/models/tiny", "--run-folder", "results/runs/zero_potential"]
+    cmd += ["--out", str(tmp_path)]
     proc = subprocess.run(
         [*cmd, "--perturb-rank", "1"], cwd=pipeline, capture_output=True, text=True, timeout=300
     )

@@ -2,8 +2,8 @@
 
 Started by torchrun (gloo on CPU, NCCL on GPUs), world size 2 in the pipeline:
 
-    torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip --model results/models/tiny \
-        --run-folder results/runs/<run> --training '{...}' --out <folder>
+    torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip --config-slice '{...}' \
+        --model results/models/tiny --run-folder results/runs/<run> --out <folder>
 
 Each rank builds the policy in float32 and takes the reference step below unsharded; then it
 shards that same policy with `fully_shard` (each decoder layer, then the LM, and the value head),

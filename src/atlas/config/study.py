@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from atlas.config.adapters import AdapterShape
 from atlas.config.base import ConfigError, Strict, format_validation_error
 from atlas.config.checks import ChecksConfig
 from atlas.config.data import DataConfig, ScheduleConfig
@@ -156,6 +157,7 @@ STAGE_SLICES: dict[str, tuple[str, ...]] = {
     "training": ("seed", "schedule", "runtime", "graders", "training", "resources"),
     "checks": ("seed", "schedule", "runtime", "graders", "training", "resources", "checks"),
     "dose_step": ("seed", "schedule", "runtime", "graders", "training", "resources"),
+    "distributed_roundtrip": ("seed", "training"),
     "validation": ("seed", "runtime", "graders", "training", "resources", "validation"),
     "report": ("study", "report"),
 }
@@ -173,21 +175,21 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
         dropped = ("threads", "gpu_memory_gb")
         dropped += () if stage in ("training", "checks") else ("ranks",)
         out["resources"] = {k: v for k, v in out["resources"].items() if k not in dropped}
-    if stage in ("training", "checks", "dose_step", "validation"):
+    if stage in ("training", "checks", "dose_step", "distributed_roundtrip", "validation"):
         training = dict(out["training"])
         runs, dose = training.pop("runs"), training.pop("dose_step")
         if training["engine"] == "local":  # the verl knobs cannot change a local run
             training.pop("verl")
         if stage == "validation":  # the policy's adapter shape; its run folder is an input
-            training = {
-                k: training[k] for k in ("lora_rank", "lora_alpha", "lora_targets", "responses_per_question")
-            }
+            training = {k: training[k] for k in AdapterShape.model_fields}
         elif stage in ("training", "checks"):  # the checks read the run's slice, and their own
             if run not in runs:
                 raise KeyError(f"no training run {run!r}; configured: {sorted(runs)}")
             training["run"] = {**runs[run], "name": run, "steps": config.run_steps(run)}
-        else:
+        elif stage == "dose_step":
             training["run"] = {**dose, "name": "dose_step"}
+        # the distributed roundtrip: the engine keys alone, one slice for every run (the run's
+        # folder, whose last checkpoint it shards, is its input)
         out["training"] = training
     if stage == "validation":
         out["validation"] = {"samples": dumped["validation"]["samples"]}  # not the list of policies

@@ -1,4 +1,4 @@
-"""Training (`training`: PPO, the runs, the dose step, verl), and the slices of the stages that train: train, checks' base, dose_step."""
+"""Training (`training`: PPO, the runs, the dose step, verl), and the slices of the stages that train: train, checks' base, dose_step, and the distributed roundtrip's."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from atlas.config.adapters import AdapterShape
 from atlas.config.base import FloatPair, Strict
 from atlas.config.data import ScheduleConfig
 from atlas.config.graders import GraderConfig
@@ -172,7 +173,7 @@ class VerlConfig(Strict):
     )
 
 
-class TrainingConfig(Strict):
+class TrainingConfig(AdapterShape):  # the adapters' keys (lora_*) are AdapterShape's
     """Training: the engine, the policy's adapters, PPO, the runs and what they write."""
 
     engine: Literal["local", "verl"] = Field(
@@ -181,15 +182,6 @@ class TrainingConfig(Strict):
     )
     responses_per_question: int = Field(
         ge=1, description="Responses sampled per question per step (the group size)."
-    )
-    lora_rank: int = Field(
-        default=8, ge=1, description="LoRA rank of the actor and critic adapters (report: 64)."
-    )
-    lora_alpha: int = Field(default=16, ge=1, description="LoRA alpha of both adapters (report: 128).")
-    lora_targets: list[str] | Literal["all-linear"] = Field(
-        default="all-linear",
-        description="Modules the adapters wrap: 'all-linear' (every linear layer but the output head) "
-        "or a list of module names.",
     )
     merged_rollouts: bool | Literal["auto"] = Field(
         default="auto",
@@ -307,3 +299,12 @@ class DoseSlice(TrainingSlice):
     training: TrainingConfig = Field(description="The training keys, without runs.")
     resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
     run: DoseRunSlice = Field(description="The doses and the potential being dosed.")
+
+
+class RoundtripSlice(TrainingSlice):
+    """The distributed roundtrip's slice: the policy it shards (adapter shape, learning rates) and
+    the seed it is built with. Every run's roundtrip reads the same one; the run's checkpoint is
+    its input folder."""
+
+    seed: int = Field(ge=0, description="Global seed.")
+    training: TrainingConfig = Field(description="The training keys, without runs.")

@@ -20,16 +20,16 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from atlas.config.training import TrainingConfig
+from atlas.config.adapters import AdapterShape
 
 ROLES = ("actor", "critic")
 
 
-def lora_config(training: TrainingConfig) -> LoraConfig:
+def lora_config(adapters: AdapterShape) -> LoraConfig:
     return LoraConfig(
-        r=training.lora_rank,
-        lora_alpha=training.lora_alpha,
-        target_modules=training.lora_targets,
+        r=adapters.lora_rank,
+        lora_alpha=adapters.lora_alpha,
+        target_modules=adapters.lora_targets,
         lora_dropout=0.0,
         bias="none",
         task_type="CAUSAL_LM",
@@ -37,14 +37,15 @@ def lora_config(training: TrainingConfig) -> LoraConfig:
 
 
 class ActorCritic(nn.Module):
-    def __init__(self, base: nn.Module, training: TrainingConfig, seed: int = 0):
+    def __init__(self, base: nn.Module, adapters: AdapterShape, seed: int = 0):
+        """`adapters`: the LoRA shape (a TrainingConfig is one)."""
         super().__init__()
         torch.manual_seed(seed)  # LoRA A matrices and the head are random: fix them
         for p in base.parameters():
             p.requires_grad_(False)
-        self._lora = lora_config(training)
+        self._lora = lora_config(adapters)
         self.peft = get_peft_model(base, self._lora, adapter_name="actor")
-        self.peft.add_adapter("critic", lora_config(training))
+        self.peft.add_adapter("critic", lora_config(adapters))
         self.frozen_heads = nn.ModuleDict()  # value heads of frozen critic snapshots, by adapter name
         hidden = base.config.hidden_size
         self.value_head = nn.Linear(hidden, 1, dtype=torch.float32)

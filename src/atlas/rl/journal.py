@@ -30,6 +30,7 @@ not this run's: it is moved aside to <run>.stale-<hash>, never deleted, and the 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,8 @@ from atlas.hashing import (
 )
 from atlas.rl.tracking import copy_logs
 from atlas.runtime.runfolder import write_rollouts
-from atlas.stage import log
+
+logger = logging.getLogger(__name__)
 
 FINGERPRINT = "fingerprint.json"
 
@@ -63,7 +65,7 @@ def open_root(root: Path, fingerprint: dict[str, Any], resume_mode: str, run: st
     digest = sha256_bytes(canonical_json(fingerprint).encode())
     path = root / FINGERPRINT
     if root.exists() and resume_mode == "disable":
-        log(run, "resume_mode disable: removing earlier work", folder=root)
+        logger.info("%s: resume_mode disable: removing earlier work folder=%s", run, root)
         shutil.rmtree(root)
     elif path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
@@ -72,13 +74,15 @@ def open_root(root: Path, fingerprint: dict[str, Any], resume_mode: str, run: st
             if aside.exists():
                 shutil.rmtree(aside)
             root.rename(aside)
-            log(run, "earlier work was made with another config or inputs; moved aside", to=aside)
+            logger.info(
+                "%s: earlier work was made with another config or inputs; moved aside to=%s", run, aside
+            )
     elif root.exists() and any(root.iterdir()):
         aside = root.with_name(f"{root.name}.stale-unfingerprinted")
         if aside.exists():
             shutil.rmtree(aside)
         root.rename(aside)
-        log(run, "earlier work has no fingerprint; moved aside", to=aside)
+        logger.info("%s: earlier work has no fingerprint; moved aside to=%s", run, aside)
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"sha256": digest, **fingerprint})
     return digest

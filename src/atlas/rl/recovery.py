@@ -15,17 +15,19 @@ complete, so a later change to them is caught the same way (`check_verl_checkpoi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 from pathlib import Path
 from typing import Any
 
 from atlas.hashing import MANIFEST, aside_path, atomic_write_json, tree_files, verify, write_manifest
-from atlas.stage import log
 
 RECOVERY = "recovery.json"
 WHY = "why.json"
 VERL_TRACKER = "latest_checkpointed_iteration.txt"
+
+logger = logging.getLogger(__name__)
 
 
 def corrupt_dir(root: Path) -> Path:
@@ -47,7 +49,13 @@ def _move_aside(root: Path, bad: dict[str, list[str]], run: str, sub: str = "") 
     atomic_write_json(aside / WHY, event)  # first: a job killed while moving leaves the why
     for name, problems in bad.items():
         os.rename(root / sub / name, aside / sub / name)
-        log(run, f"checkpoint {name} is corrupt; moved aside", to=aside / sub / name, why=problems[0])
+        logger.info(
+            "%s: checkpoint %s is corrupt; moved aside to=%s why=%s",
+            run,
+            name,
+            aside / sub / name,
+            problems[0],
+        )
     atomic_write_json(root / RECOVERY, [*recovery_events(root), event])
     return event
 
@@ -74,10 +82,11 @@ def check_checkpoints(root: str | Path, run: str) -> dict[str, Any] | None:
         return None
     event = _move_aside(root, bad, run)
     left = sorted(k for p in root.glob("step_*") if (k := _step_number(p.name, "step_")) is not None)
-    log(
+    logger.info(
+        "%s: %s last_good=%s",
         run,
         "resuming from the last good checkpoint" if left else "no good checkpoint left: starting over",
-        last_good=f"step_{left[-1]}" if left else None,
+        f"step_{left[-1]}" if left else None,
     )
     return event
 

@@ -1,5 +1,5 @@
 """One PPO training step and what it needs: the session (policy, potential, optimizers, runtime,
-data) built from a run's config slice, and the command line the training-shaped stages share.
+data) built from a run's config slice and the files it reads.
 
 `train_step(sess, k)` takes the schedule's questions for step k and does DESIGN.md's training step:
 
@@ -18,6 +18,7 @@ the checks stage reruns steps from checkpoints through the same function. With m
 from __future__ import annotations
 
 import json
+import logging
 import random
 import resource
 from dataclasses import dataclass
@@ -44,10 +45,11 @@ from atlas.rl.rollout import (
 )
 from atlas.rl.serving import build_policy, rollout_runtime
 from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
-from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
+from atlas.runtime.inputs import TrainingInputs, read_questions, read_tests, smoke_slice
 from atlas.runtime.rollouts import episode_specs
 from atlas.runtime.session import Runtime
-from atlas.stage import log
+
+logger = logging.getLogger(__name__)
 
 
 def build_potential(cfg: RunConfig, ac: ActorCritic, snapshot: Path | None):
@@ -114,16 +116,16 @@ class Session:
             self.merged.refresh()
 
 
-def open_session(sl: TrainSlice, args, ranks: Ranks | None = None) -> Session:
+def open_session(sl: TrainSlice, inputs: TrainingInputs, ranks: Ranks | None = None) -> Session:
     """The policy (fresh, seeded), its potential, optimizers and runtime, and the run's data."""
     runtime, graders, training, seed = sl.runtime, sl.graders, sl.training, sl.seed
     require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
     random.seed(seed)  # every RNG a checkpoint saves starts from the config's seed
     torch.manual_seed(seed)
-    val_rows = read_questions(args.val)
+    val_rows = read_questions(inputs.val)
     ranks = ranks or Ranks()
-    ac, tokenizer = build_policy(args.model, training, seed, ranks.device(sl.resources.device))
-    potential = build_potential(sl.run, ac, args.snapshot)
+    ac, tokenizer = build_policy(inputs.model, training, seed, ranks.device(sl.resources.device))
+    potential = build_potential(sl.run, ac, inputs.snapshot)
     optimizers = make_optimizers(ac, training.ppo)
     rt, merged = rollout_runtime(ac, tokenizer, training, runtime, sl.resources.device)
     # a step's rollout serves this rank's share of the step's episodes at once: the engine's
@@ -142,9 +144,9 @@ def open_session(sl: TrainSlice, args, ranks: Ranks | None = None) -> Session:
         potential=potential,
         optimizers=optimizers,
         schedulers=make_schedulers(optimizers, training.ppo, sl.run.steps),
-        train_rows=read_questions(args.train),
+        train_rows=read_questions(inputs.train),
         val_questions=smoke_slice(val_rows, training.validation_questions or len(val_rows)),
-        tests=read_tests(args.tests),
+        tests=read_tests(inputs.tests),
         ranks=ranks,
         dp=DataParallel(ac, ranks) if ranks.world > 1 else None,
         merged=merged,
@@ -171,7 +173,7 @@ def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRol
         run=sess.name,
         step=step,
         seed=sess.seed,
-        progress=lambda m: log(sess.name, f"step {step}: {m}"),
+        progress=lambda m: logger.info("%s: step %d: %s", sess.name, step, m),
     )
     whole = share.gather_rollout(data)
     if journal_rollouts is not None:

@@ -1,24 +1,15 @@
-"""Question inputs for rollouts: rows of val.parquet / train.parquet and their LCB tests."""
+"""Question inputs for rollouts: rows of val.parquet / train.parquet and their LCB tests, and the
+files a rollout or training stage reads, as its command line names them."""
 
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from atlas.contracts.parquet import read_table
 from atlas.data.schema import TestCase
 from atlas.hashing import is_bookkeeping
-from atlas.stage import stage_parser
-
-
-def rollout_parser(description: str) -> argparse.ArgumentParser:
-    """A rollout stage's command line: the config slice and output, the data and the model."""
-    parser = stage_parser(description)
-    parser.add_argument("--val", required=True, type=Path, help="results/data/val.parquet")
-    parser.add_argument("--tests", required=True, type=Path, help="results/data/tests.parquet")
-    parser.add_argument("--model", required=True, type=Path, help="the base model folder")
-    return parser
 
 
 def model_files(model_dir: str | Path) -> list[Path]:
@@ -26,19 +17,31 @@ def model_files(model_dir: str | Path) -> list[Path]:
     return sorted(p for p in Path(model_dir).rglob("*") if p.is_file() and not is_bookkeeping(p.name))
 
 
-def training_parser(description: str) -> argparse.ArgumentParser:
-    """A training stage's command line: a rollout stage's, plus the schedule, checkpoints, snapshot."""
-    p = rollout_parser(description)
-    p.add_argument("--train", required=True, type=Path, help="results/data/train.parquet")
-    p.add_argument("--checkpoints", required=True, type=Path, help="results/checkpoints/<run>")
-    p.add_argument("--snapshot", type=Path, help="run folder whose critic is the frozen potential")
-    return p
+@dataclass(frozen=True, kw_only=True)
+class RolloutInputs:
+    """What a rollout stage reads: the validation questions, their tests and the base model."""
+
+    val: Path  # results/data/val.parquet
+    tests: Path  # results/data/tests.parquet
+    model: Path  # the base model folder
+
+    def files(self) -> list[Path]:
+        """The files read, for a stage's manifest: a rebuilt model makes the output stale."""
+        return [self.val, self.tests, *model_files(self.model)]
 
 
-def training_inputs(args) -> list[Path]:
-    """The files a training stage reads, for its fingerprint and manifest."""
-    snapshot = [args.snapshot / "checkpoints.json"] if args.snapshot else []
-    return [args.train, args.val, args.tests, *model_files(args.model), *snapshot]
+@dataclass(frozen=True, kw_only=True)
+class TrainingInputs(RolloutInputs):
+    """What a training run reads: a rollout stage's inputs, the ordered schedule and, for a frozen
+    critic potential, the run folder whose critic is frozen."""
+
+    train: Path  # results/data/train.parquet
+    snapshot: Path | None = None  # results/runs/<run> of training.runs.<name>.snapshot_of
+
+    def files(self) -> list[Path]:
+        """The files read, for a run's fingerprint and manifest."""
+        snapshot = [self.snapshot / "checkpoints.json"] if self.snapshot else []
+        return [self.train, self.val, self.tests, *model_files(self.model), *snapshot]
 
 
 def read_questions(path: str | Path) -> list[dict]:

@@ -10,10 +10,9 @@ import pyarrow.parquet as pq
 
 from atlas.contracts.records import TRAJECTORY_SCHEMA
 from atlas.hashing import atomic_dir, atomic_path, atomic_write_json, write_manifest
-from atlas.runtime.inputs import model_files
+from atlas.runtime.inputs import RolloutInputs
 from atlas.runtime.protocol import ProtocolReport
 from atlas.runtime.records import write_records
-from atlas.stage import code_files
 
 
 def trajectory_row(ep, *, run: str, step: int, phase: str) -> dict:
@@ -53,12 +52,14 @@ def write_rollout_stage(
     report: ProtocolReport,
     *,
     run: str,
-    module: str,
-    args,
+    inputs: RolloutInputs,
+    config: dict[str, Any],
+    code: list[str],
     extra: dict[str, Any] | None = None,
 ) -> None:
     """A validation-phase rollout stage's whole folder (rollouts, `extra` JSON files, manifest),
-    renamed into place at once. `args` are the stage's parsed rollout_parser arguments."""
+    renamed into place at once. The manifest holds the files the stage read (`inputs`), its code
+    files and its config slice."""
     with atomic_dir(out) as tmp:
         write_rollouts(tmp, episodes, report, run=run, step=0, phase="val")
         for name, value in (extra or {}).items():
@@ -66,7 +67,7 @@ def write_rollout_stage(
         write_manifest(
             tmp,
             stage=run,
-            inputs=[args.val, args.tests, *model_files(args.model)],
-            code=code_files(module),
-            config=args.config_slice,
+            inputs=inputs.files(),
+            code=code,
+            config=config,
         )

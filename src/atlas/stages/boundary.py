@@ -30,12 +30,12 @@ from atlas.config.runtime import RuntimeConfig
 from atlas.config.smoke import BoundarySlice
 from atlas.graders.sandbox import require_sandbox, sandboxed_processes
 from atlas.runtime.episode import Episode, EpisodeSpec, run_episodes, start_episode
-from atlas.runtime.inputs import read_questions, read_tests, rollout_parser
+from atlas.runtime.inputs import RolloutInputs, read_questions, read_tests
 from atlas.runtime.protocol import ProtocolReport, check_episodes
 from atlas.runtime.runfolder import write_rollout_stage
 from atlas.runtime.session import Runtime, load_runtime
 from atlas.runtime.tools import UTF8_SLACK_TOKENS, CodeBounds
-from atlas.stage import log, run
+from atlas.stage import code_files, log, rollout_parser, run
 
 RUN = "boundary"
 MODULE = "atlas.stages.boundary"
@@ -281,11 +281,12 @@ def longest_prompt_cases(questions, tests, rt: Runtime, runtime: RuntimeConfig, 
 def main(argv: list[str] | None = None) -> None:
     args = rollout_parser(__doc__.splitlines()[0]).parse_args(argv)
     sl = BoundarySlice.model_validate(args.config_slice)
+    inputs = RolloutInputs(val=args.val, tests=args.tests, model=args.model)
     runtime, graders, resources = sl.runtime, sl.graders, sl.resources
     require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
 
-    rt = load_runtime(args.model, runtime, resources.device)
-    questions, tests = read_questions(args.val), read_tests(args.tests)
+    rt = load_runtime(inputs.model, runtime, resources.device)
+    questions, tests = read_questions(inputs.val), read_tests(inputs.tests)
     report, episodes, results = ProtocolReport(), [], []
     for i, case in enumerate(build_cases(questions, tests, rt, runtime, graders)):
         cfg = runtime.model_copy(update=case.runtime or {})
@@ -312,7 +313,14 @@ def main(argv: list[str] | None = None) -> None:
         "results": results,
     }
     write_rollout_stage(
-        args.out, episodes, report, run=RUN, module=MODULE, args=args, extra={"boundary.json": summary}
+        args.out,
+        episodes,
+        report,
+        run=RUN,
+        inputs=inputs,
+        config=args.config_slice,
+        code=code_files(MODULE),
+        extra={"boundary.json": summary},
     )
     if summary["passed"] != summary["cases"] or report.violations:
         print(json.dumps(summary, indent=1, ensure_ascii=False), file=sys.stderr)

@@ -60,9 +60,9 @@ from atlas.model.liger import applied, apply_liger
 from atlas.rl.checkpoint import load_trainable
 from atlas.rl.serving import build_policy
 from atlas.rl.step import open_session, train_step
-from atlas.runtime.inputs import training_inputs, training_parser
+from atlas.runtime.inputs import TrainingInputs
 from atlas.runtime.session import load_model
-from atlas.stage import code_files, log, run
+from atlas.stage import code_files, log, run, training_parser
 
 MODULE = "atlas.stages.checks"
 
@@ -116,11 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     s = args.config_slice
     sl = ChecksSlice.model_validate(s)
+    inputs = TrainingInputs(
+        train=args.train, val=args.val, tests=args.tests, model=args.model, snapshot=args.snapshot
+    )
     name = sl.run.name
     folder = args.run_folder
     index = read_json(folder / "checkpoints.json")
     verify_index(index)
-    base_names = base_parameter_names(args.model)
+    base_names = base_parameter_names(inputs.model)
     metrics = [json.loads(json.dumps(m)) for m in read_table(folder / "step_metrics.parquet").to_pylist()]
     by_step = {m["step"]: m for m in metrics}
     ids = probe_batch(folder / "trajectories.parquet")
@@ -134,10 +137,10 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     def open_fresh():
-        return open_session(sl, args)
+        return open_session(sl, inputs)
 
     def fresh_policy():
-        return build_policy(args.model, training, sl.seed, resources.device)[0]
+        return build_policy(inputs.model, training, sl.seed, resources.device)[0]
 
     compact, optim, roundtrips = [], [], []
     for i, c in enumerate(index["checkpoints"]):
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
 
     last = fresh_policy()
     load_trainable(Path(index["checkpoints"][-1]["path"]), last)
-    gap = exported_actor_reproduces(args.model, folder / "adapters", last, ids)
+    gap = exported_actor_reproduces(inputs.model, folder / "adapters", last, ids)
     if gap != 0.0:
         raise CheckFailed(
             f"{folder / 'adapters/actor'}: exported actor log-probs differ by {gap} from the last checkpoint's"
@@ -211,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             tmp,
             stage=f"checks/{name}",
             inputs=[
-                *training_inputs(args),
+                *inputs.files(),
                 *sorted(p for p in folder.rglob("*") if p.is_file() and not is_bookkeeping(p.name)),
             ],
             code=code_files(MODULE),

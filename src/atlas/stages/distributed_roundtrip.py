@@ -2,7 +2,7 @@
 step on each rank, compared with one process taking the same step (see atlas.checks.distributed).
 
     torchrun --standalone --nproc-per-node 2 -m atlas.stages.distributed_roundtrip \
-        --model results/models/tiny --run-folder results/runs/<run> --training '{...}' --out <folder>
+        --config-slice '{...}' --model results/models/tiny --run-folder results/runs/<run> --out <folder>
 
 Each rank writes distributed_roundtrip_rank_<r>.json and exits 1 naming the first tensor that
 failed. `--perturb-rank R` shifts rank R's shards of the actor before the step: a rank whose state
@@ -12,7 +12,6 @@ diverged, which the check must catch.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -33,21 +32,20 @@ from atlas.checks.distributed import (
     load_full,
     step_grads,
 )
-from atlas.config.training import split_training
+from atlas.config.training import RoundtripSlice
 from atlas.hashing import atomic_write_json
 from atlas.model.policy import ROLES
-from atlas.stage import StageParser, log, run
+from atlas.stage import log, run, stage_parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = StageParser(description=__doc__.splitlines()[0])  # verifies --model and --run-folder
-    ap.add_argument("--model", required=True, type=Path)
-    ap.add_argument("--run-folder", required=True, type=Path)
-    ap.add_argument("--training", required=True, type=json.loads, help="the run's training config slice")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True, type=Path)
+    ap = stage_parser(__doc__.splitlines()[0])  # verifies --model and --run-folder
+    ap.add_argument("--model", required=True, type=Path, help="the base model folder")
+    ap.add_argument("--run-folder", required=True, type=Path, help="results/runs/<run>")
     ap.add_argument("--perturb-rank", type=int, default=None)
     args = ap.parse_args(argv)
+    sl = RoundtripSlice.model_validate(args.config_slice)
+    training = sl.training
     # NCCL needs a GPU per rank; with fewer GPUs than ranks the check runs on gloo over CPU
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("WORLD_SIZE", 1))
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -59,7 +57,6 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(device)
         # float32 matmuls in full precision on both sides of the comparison (no TF32)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    training, _ = split_training(args.training)
     tensors, step, path = checkpoint_tensors(args.run_folder)
     batch = fixed_batch(args.run_folder / "trajectories.parquet", rows=2 * world)
     ids, sampled, score = (t.to(device) for t in batch)
@@ -68,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # The reference: one process, the whole batch, no sharding; then the same policy is sharded
     # (one copy of the model per rank: at a real shape two would not fit beside the other jobs).
-    ac = build(args.model, training, args.seed).to(device)
+    ac = build(args.model, training, sl.seed).to(device)
     load_full(ac, tensors)
     where = f"distributed_roundtrip rank {rank}"
     log(where, "policy built", backend=dist.get_backend(), device=device, tokens_per_row=ids.shape[1])

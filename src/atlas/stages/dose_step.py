@@ -35,11 +35,11 @@ from atlas.rl.replay import replay_masks
 from atlas.rl.rollout import fill_records, shape, step_questions
 from atlas.rl.serving import build_policy, rollout_runtime
 from atlas.rl.step import build_potential
-from atlas.runtime.inputs import read_questions, read_tests, rollout_parser, training_inputs
+from atlas.runtime.inputs import TrainingInputs, read_questions, read_tests
 from atlas.runtime.records import write_records
 from atlas.runtime.rollouts import check_protocol, episode_specs, rollout
 from atlas.runtime.runfolder import trajectory_row
-from atlas.stage import code_files, log, run
+from atlas.stage import code_files, log, rollout_parser, run
 
 RUN = "dose_step"
 MODULE = "atlas.stages.dose_step"
@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     s = args.config_slice
     sl = DoseSlice.model_validate(s)
+    inputs = TrainingInputs(
+        train=args.train, val=args.val, tests=args.tests, model=args.model, snapshot=args.snapshot
+    )
     runtime, graders, resources, training, dose_cfg = (
         sl.runtime,
         sl.graders,
@@ -70,13 +73,13 @@ def main(argv: list[str] | None = None) -> None:
         potential=dose_cfg.potential, snapshot_of=dose_cfg.snapshot_of, snapshot_step=dose_cfg.snapshot_step
     )
 
-    ac, tokenizer = build_policy(args.model, training, seed, resources.device)
-    potential = build_potential(run_cfg, ac, args.snapshot)
+    ac, tokenizer = build_policy(inputs.model, training, seed, resources.device)
+    potential = build_potential(run_cfg, ac, inputs.snapshot)
     rt, _ = rollout_runtime(ac, tokenizer, training, runtime, resources.device)  # as the trainer samples
     start = {role: {n: t.detach().clone() for n, t in ac.trainable(role).items()} for role in ROLES}
 
-    questions = step_questions(read_questions(args.train), 0)
-    specs = episode_specs(questions, read_tests(args.tests), training.responses_per_question)
+    questions = step_questions(read_questions(inputs.train), 0)
+    specs = episode_specs(questions, read_tests(inputs.tests), training.responses_per_question)
     log(RUN, "rolling out once", episodes=len(specs))
     episodes = rollout(rt, specs, runtime, graders, run=RUN, step=0, phase="train", seed=seed)
     masks = [replay_masks(ep, rt) for ep in episodes]
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
                 "doses": per_dose,
             },
         )
-        write_manifest(tmp, stage=RUN, inputs=training_inputs(args), code=code_files(MODULE), config=s)
+        write_manifest(tmp, stage=RUN, inputs=inputs.files(), code=code_files(MODULE), config=s)
     log(RUN, "wrote", out=args.out)
 
 

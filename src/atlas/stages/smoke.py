@@ -18,11 +18,11 @@ from atlas.config.smoke import SmokeSlice
 from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.graders.sandbox import require_sandbox
 from atlas.runtime.episode import EpisodeSpec, run_episodes
-from atlas.runtime.inputs import read_questions, read_tests, rollout_parser, smoke_slice
+from atlas.runtime.inputs import RolloutInputs, read_questions, read_tests, smoke_slice
 from atlas.runtime.protocol import check_episodes
 from atlas.runtime.runfolder import write_rollout_stage
 from atlas.runtime.session import load_runtime
-from atlas.stage import log, run
+from atlas.stage import code_files, log, rollout_parser, run
 
 RUN = "smoke"
 MODULE = "atlas.stages.smoke"
@@ -31,15 +31,16 @@ MODULE = "atlas.stages.smoke"
 def main(argv: list[str] | None = None) -> None:
     args = rollout_parser(__doc__.splitlines()[0]).parse_args(argv)
     sl = SmokeSlice.model_validate(args.config_slice)
+    inputs = RolloutInputs(val=args.val, tests=args.tests, model=args.model)
     runtime, graders, smoke, resources = sl.runtime, sl.graders, sl.smoke, sl.resources
     require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
 
-    questions = smoke_slice(read_questions(args.val), smoke.questions)
-    tests = read_tests(args.tests)
+    questions = smoke_slice(read_questions(inputs.val), smoke.questions)
+    tests = read_tests(inputs.tests)
     specs = [
         EpisodeSpec(q, tests.get(q["question_uid"], []), k) for q in questions for k in range(smoke.samples)
     ]
-    rt = load_runtime(args.model, runtime, resources.device)
+    rt = load_runtime(inputs.model, runtime, resources.device)
     log(RUN, "rolling out", episodes=len(specs), questions=len(questions))
     episodes = run_episodes(
         rt,
@@ -62,7 +63,15 @@ def main(argv: list[str] | None = None) -> None:
     counts = {k: getattr(report, k) for k in PINNED_COUNTS}
     log(RUN, "protocol", **counts)
 
-    write_rollout_stage(args.out, episodes, report, run=RUN, module=MODULE, args=args)
+    write_rollout_stage(
+        args.out,
+        episodes,
+        report,
+        run=RUN,
+        inputs=inputs,
+        config=args.config_slice,
+        code=code_files(MODULE),
+    )
     if report.violations or report.completed != report.episodes:
         print(json.dumps(report.to_json(), indent=1), file=sys.stderr)  # the log keeps it all
         raise SystemExit(

@@ -27,8 +27,8 @@ from atlas.config.training import TrainSlice
 from atlas.hashing import sha256_file
 from atlas.rl import journal, recovery, runlock, tracking
 from atlas.rl.journal import checkpoint_points, validation_points
-from atlas.runtime.inputs import training_inputs, training_parser
-from atlas.stage import code_files, log, run
+from atlas.runtime.inputs import TrainingInputs
+from atlas.stage import code_files, log, run, training_parser
 
 MODULE = "atlas.stages.train"
 
@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> None:
     args = training_parser(__doc__.splitlines()[0]).parse_args(argv)  # inputs checked against their manifests
     s = args.config_slice
     sl = TrainSlice.model_validate(s)
+    inputs = TrainingInputs(
+        train=args.train, val=args.val, tests=args.tests, model=args.model, snapshot=args.snapshot
+    )
     name, training = sl.run.name, sl.training
     root = args.checkpoints
     # the one process, or rank 0 of torchrun's (atlas.rl.distributed.start reads the same variables)
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         runlock.guard(root, name)  # one writer per run folder, dying with its parent
 
     # The working folder: same config and inputs -> keep (resume); else move the old work aside.
-    fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in training_inputs(args)}}
+    fingerprint = {"config": s, "inputs": {p.as_posix(): sha256_file(p) for p in inputs.files()}}
     digest = journal.open_root(root, fingerprint, training.resume_mode, name) if lead else ""
     if lead and training.resume_mode == "auto":  # bad checkpoints aside: resume from the last good one
         recovery.check_checkpoints(root, name)
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     ranks = distributed.start(sl.resources)
     assert ranks.main == lead, (ranks.rank, os.environ.get("RANK"))
     ranks.barrier()
-    sess = open_session(sl, args, ranks)
+    sess = open_session(sl, inputs, ranks)
     steps = sess.steps
 
     def load(k: int) -> None:  # every rank loads the shared tensors and its own RNG state
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
             "checkpoints": root.as_posix(),
         },
         export=lambda folder: export_adapters(sess.ac, folder),
-        manifest={"stage": name, "inputs": training_inputs(args), "code": code_files(MODULE), "config": s},
+        manifest={"stage": name, "inputs": inputs.files(), "code": code_files(MODULE), "config": s},
     )
     log(name, "wrote", out=args.out)
     distributed.stop(ranks, sess)

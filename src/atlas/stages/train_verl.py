@@ -25,8 +25,8 @@ from atlas.graders.sandbox import require_sandbox
 from atlas.hashing import sha256_file
 from atlas.rl import journal, recovery, runlock
 from atlas.rl.journal import validation_points
-from atlas.runtime.inputs import training_inputs, training_parser
-from atlas.stage import code_files, log, run
+from atlas.runtime.inputs import TrainingInputs
+from atlas.stage import code_files, log, run, training_parser
 from atlas.verl import convert
 from atlas.verl.config import launch_command
 from atlas.verl.launch import prepare
@@ -45,18 +45,21 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     s = args.config_slice
     cfg = TrainSlice.model_validate(s)
+    inputs = TrainingInputs(
+        train=args.train, val=args.val, tests=args.tests, model=args.model, snapshot=args.snapshot
+    )
     name, steps = cfg.run.name, cfg.run.steps
     require_sandbox(cfg.graders.allow_unsandboxed)  # verl's agent loop grades: bwrap missing stops here
     root = args.checkpoints
     runlock.guard(root, name)  # one writer per run folder, dying with its parent
-    fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in training_inputs(args)}}
+    fingerprint = {"config": s, "inputs": {str(x): sha256_file(x) for x in inputs.files()}}
     journal.open_root(root, fingerprint, cfg.training.resume_mode, name)
     if cfg.training.resume_mode == "auto":  # verl resumes from its tracker: only good steps stay
         recovery.check_verl_checkpoints(root, root / "verl" / "checkpoints", name)
         done = recovery.verl_latest(root / "verl" / "checkpoints")
         if (aside := convert.retire_episodes(root / "episodes", done)) is not None:
             log(name, "episodes verl writes again moved aside", resumes_after=done, to=aside)
-    overrides, metrics, episodes, expected = prepare(args, cfg, root)
+    overrides, metrics, episodes, expected = prepare(cfg, s, inputs, root)
     command = launch_command(overrides)
     if args.dry_run:
         print(shlex.join(command))
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         expected=expected,
     )
     convert.assemble_run(
-        args, root, s, name=name, steps=steps, validated=points, module=MODULE, code=code_files
+        inputs, root, args.out, s, name=name, steps=steps, validated=points, module=MODULE, code=code_files
     )
 
 

@@ -41,11 +41,11 @@ from atlas.errors import CheckFailed
 from atlas.graders.sandbox import require_sandbox
 from atlas.hashing import atomic_dir, atomic_write_json, sha256_file, write_manifest
 from atlas.model.policy import ActorCritic
-from atlas.runtime.inputs import model_files, read_questions, read_tests, rollout_parser
+from atlas.runtime.inputs import RolloutInputs, read_questions, read_tests
 from atlas.runtime.rollouts import check_protocol, episode_specs, rollout, validation_rows
 from atlas.runtime.runfolder import write_rollouts
 from atlas.runtime.session import load_model, make_runtime
-from atlas.stage import code_files, log, run
+from atlas.stage import code_files, log, rollout_parser, run
 
 MODULE = "atlas.stages.validation"
 PROBED = ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight")
@@ -97,12 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     s = args.config_slice
     sl = ValidationSlice.model_validate(s)
-    runtime, graders, resources, training = sl.runtime, sl.graders, sl.resources, sl.training
+    inputs = RolloutInputs(val=args.val, tests=args.tests, model=args.model)
+    runtime, graders, resources = sl.runtime, sl.graders, sl.resources
     require_sandbox(graders.allow_unsandboxed)  # before any model loads: bwrap missing stops here
-    model, tokenizer = load_model(args.model, resources.device)
+    model, tokenizer = load_model(inputs.model, resources.device)
     probes: dict = {"base_tensors": {}}
 
-    ac = ActorCritic(model, training, seed=sl.seed).to(resources.device)
+    ac = ActorCritic(model, sl.training, seed=sl.seed).to(resources.device)
     initial = {n: t.detach().clone() for n, t in ac.trainable("actor").items()}
     if args.policy != "base":
         index = json.loads((args.run_folder / "checkpoints.json").read_text(encoding="utf-8"))
@@ -120,12 +121,14 @@ def main(argv: list[str] | None = None) -> None:
         if changed == 0:
             raise CheckFailed(f"{path}: no actor LoRA tensor differs from its initial value")
     policy_model = ac.peft
-    probes["base_tensors"] = base_tensor_probes(dict(ac.base_parameters()), args.model / "model.safetensors")
+    probes["base_tensors"] = base_tensor_probes(
+        dict(ac.base_parameters()), inputs.model / "model.safetensors"
+    )
 
     ctx = ac.peft.disable_adapter() if args.policy == "base" else torch.no_grad()
     rt = make_runtime(policy_model, tokenizer, runtime)
-    questions = read_questions(args.val)
-    specs = episode_specs(questions, read_tests(args.tests), sl.validation.samples)
+    questions = read_questions(inputs.val)
+    specs = episode_specs(questions, read_tests(inputs.tests), sl.validation.samples)
     log(args.policy, "validating", episodes=len(specs))
     with ctx:
         episodes = rollout(
@@ -165,12 +168,10 @@ def main(argv: list[str] | None = None) -> None:
         write_rollouts(tmp, episodes, report, run=f"validation/{args.policy}", step=0, phase="val")
         pq.write_table(arrow_table(answers, ANSWERS_SCHEMA, "answers"), tmp / "answers.parquet")
         atomic_write_json(tmp / "validation.json", summary)
-        inputs = [args.val, args.tests, *model_files(args.model)]
+        read = inputs.files()
         if args.run_folder:
-            inputs.append(args.run_folder / "checkpoints.json")
-        write_manifest(
-            tmp, stage=f"validation/{args.policy}", inputs=inputs, code=code_files(MODULE), config=s
-        )
+            read.append(args.run_folder / "checkpoints.json")
+        write_manifest(tmp, stage=f"validation/{args.policy}", inputs=read, code=code_files(MODULE), config=s)
     log(args.policy, "validated", completed=summary["completed"], of=len(episodes))
 
 

@@ -36,6 +36,7 @@ from atlas.contracts.runs import STEP_METRICS
 from atlas.hashing import MANIFEST, aside_path, atomic_write_json, sha256_file
 from atlas.rl import journal
 from atlas.rl.metrics import call_advantages, rollout_throughput, step_summary
+from atlas.runtime.inputs import TrainingInputs
 from atlas.runtime.protocol import ProtocolReport
 from atlas.runtime.records import ExecutionRecord
 from atlas.runtime.rollouts import validation_rows
@@ -282,22 +283,30 @@ def export_policy(folder: Path, model_dir: Path, s: dict, last: Path | None) -> 
 
 
 def assemble_run(
-    args, root: Path, s: dict, *, name: str, steps: int, validated: list[int], module: str, code
+    inputs: TrainingInputs,
+    root: Path,
+    out: Path,
+    s: dict,
+    *,
+    name: str,
+    steps: int,
+    validated: list[int],
+    module: str,
+    code,
 ) -> None:
-    """The run folder from the journal (journal.assemble), with verl's checkpoints converted to
-    policy checkpoints (checkpoints.json) and the last one exported as adapters/."""
-    from atlas.runtime.inputs import training_inputs
-
+    """The run folder `out` from the journal under `root` (journal.assemble), with verl's
+    checkpoints converted to policy checkpoints (checkpoints.json) and the last one exported as
+    adapters/. `inputs` are the files the run read, for its manifest."""
     index = verl_checkpoints(root / "verl" / "checkpoints")
     saved = policy_checkpoints(root, index)
     run_cfg = s["training"]["run"]
 
     def export(folder: Path) -> None:
-        export_policy(folder, args.model, s, root / f"step_{saved[-1]}" if saved else None)
+        export_policy(folder, inputs.model, s, root / f"step_{saved[-1]}" if saved else None)
         atomic_write_json(folder / "verl_checkpoints.json", index)
 
     journal.assemble(
-        args.out,
+        out,
         root,
         run=name,
         steps=steps,
@@ -313,5 +322,5 @@ def assemble_run(
             "checkpoints": root.as_posix(),
         },
         export=export,
-        manifest={"stage": name, "inputs": training_inputs(args), "code": code(module), "config": s},
+        manifest={"stage": name, "inputs": inputs.files(), "code": code(module), "config": s},
     )

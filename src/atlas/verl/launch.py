@@ -27,7 +27,7 @@ import yaml
 from atlas.config.training import TrainSlice
 from atlas.hashing import atomic_path, atomic_write_json
 from atlas.runtime.episode import SYSTEM_PROMPT, question_prompt
-from atlas.runtime.inputs import read_questions, smoke_slice
+from atlas.runtime.inputs import TrainingInputs, read_questions, smoke_slice
 from atlas.verl.agent_loop import AGENT_NAME, LoopSettings
 from atlas.verl.config import VerlPaths, compose, verl_overrides, write_overrides
 
@@ -65,27 +65,31 @@ def model_vocab_size(model_dir: Path) -> int:
     return int(AutoConfig.from_pretrained(model_dir).vocab_size)
 
 
-def prepare(args, cfg: TrainSlice, root: Path) -> tuple[list[str], Path, Path, dict[str, int]]:
-    """Write the datasets, the agent loop's settings and the overrides; return the overrides, the
-    metrics file of this launch, the episodes folder and the episodes each step and validation
-    point must have (questions x samples)."""
+def prepare(
+    cfg: TrainSlice, config: dict, inputs: TrainingInputs, root: Path
+) -> tuple[list[str], Path, Path, dict[str, int]]:
+    """Write the datasets, the agent loop's settings and the overrides under `root` (the run's
+    checkpoints folder); return the overrides, the metrics file of this launch, the episodes
+    folder and the episodes each step and validation point must have (questions x samples).
+    `cfg` is the run's slice validated, `config` the same slice as the stage received it (the
+    agent loop validates it again in each worker)."""
     name, steps = cfg.run.name, cfg.run.steps
     verl_dir, episodes = root / "verl", root / "episodes"
-    train = [q for q in read_questions(args.train) if q["step"] < steps]
+    train = [q for q in read_questions(inputs.train) if q["step"] < steps]
     train.sort(key=lambda q: (q["step"], q["position"]))
-    val_rows = read_questions(args.val)
+    val_rows = read_questions(inputs.val)
     val = smoke_slice(val_rows, cfg.training.validation_questions or len(val_rows))
     write_parquet(verl_dir / "data" / "train.parquet", dataset_rows(train, "train"))
     write_parquet(verl_dir / "data" / "val.parquet", dataset_rows(val, "val"))
     settings = LoopSettings(
-        config=args.config_slice,
+        config=config,
         run=name,
-        vocab_size=model_vocab_size(args.model),
-        train=str(args.train.resolve()),
-        val=str(args.val.resolve()),
-        tests=str(args.tests.resolve()),
-        model=str(args.model.resolve()),
-        snapshot=str(args.snapshot.resolve()) if args.snapshot else None,
+        vocab_size=model_vocab_size(inputs.model),
+        train=str(inputs.train.resolve()),
+        val=str(inputs.val.resolve()),
+        tests=str(inputs.tests.resolve()),
+        model=str(inputs.model.resolve()),
+        snapshot=str(inputs.snapshot.resolve()) if inputs.snapshot else None,
         records_dir=str(episodes.resolve()),
     )
     settings_path = verl_dir / "settings.json"
@@ -97,7 +101,7 @@ def prepare(args, cfg: TrainSlice, root: Path) -> tuple[list[str], Path, Path, d
     launch = len(list(verl_dir.glob("metrics_*.jsonl")))  # verl truncates its file: one per launch
     metrics = verl_dir / f"metrics_{launch}.jsonl"
     paths = VerlPaths(
-        model=str(args.model.resolve()),
+        model=str(inputs.model.resolve()),
         train_files=str((verl_dir / "data" / "train.parquet").resolve()),
         val_files=str((verl_dir / "data" / "val.parquet").resolve()),
         agent_loop_config=str(loop_yaml.resolve()),
