@@ -253,8 +253,6 @@ def converted(played, tiny_model, data_dir, tmp_path_factory):
     as one training step and two validations, two metrics files, one LoRA-only verl checkpoint."""
     import shutil
 
-    from atlas.verl import convert
-
     tmp_path = tmp_path_factory.mktemp("converted")
     _, _, outputs, _, tmp = played
     episodes = tmp / "records" / "train" / f"global_step_{STEP}"
@@ -289,17 +287,6 @@ def converted(played, tiny_model, data_dir, tmp_path_factory):
         shard.parent.mkdir(parents=True)
         torch.save(state, shard)
 
-    convert.write_journal(
-        root,
-        run=RUN,
-        steps=1,
-        validated=[0, 1],
-        records_dir=records_dir,
-        metrics_files=[first, second],
-        gamma=1.0,
-        dose=1.0,
-        expected={"train": len(outputs), "val": len(outputs)},
-    )
     inputs = TrainingInputs(
         train=data_dir / "train.parquet",
         val=data_dir / "val.parquet",
@@ -307,17 +294,23 @@ def converted(played, tiny_model, data_dir, tmp_path_factory):
         model=tiny_model,
     )
     out = tmp_path / "run"
-    s = config_slice(_cfg(), "training", RUN)
-    convert.assemble_run(
+    raw = _cfg().model_dump(mode="json")  # one step, validated before and after it, dose 0.5
+    raw["training"]["runs"][RUN].update(steps=1, dose=0.5)
+    raw["training"]["validation_every"] = 1
+    s = config_slice(parse_config(raw), "training", RUN)
+    from atlas.config.training import TrainSlice
+    from atlas.stages import train_verl
+
+    expected = {"train": len(outputs), "val": len(outputs)}
+    train_verl.convert_run(
+        TrainSlice.model_validate(s),
+        s,
         inputs,
         root,
         out,
-        s,
-        name=RUN,
-        steps=1,
-        validated=[0, 1],
-        module="atlas.stages.train_verl",
-        code=lambda m: [],
+        episodes=records_dir,
+        metrics_dir=tmp_path,
+        expected=expected,
     )
     return inputs, out, s, trained
 
@@ -343,6 +336,7 @@ def test_converter_builds_the_run_folder_from_verl_shaped_outputs(played, conver
     assert metrics["protocol/records"] == n_records and metrics["protocol/violations"] == 0
     calls = pl.read_parquet(out / "call_advantages.parquet")
     assert calls["count"].sum() == n_records and calls["advantage_mean"].null_count() == calls.height
+    assert calls["dose"].unique().to_list() == [0.5]  # the run's dose, from its slice
     curve = pl.read_parquet(out / "validation.parquet")
     assert sorted(curve.filter(pl.col("source") == "all")["step"].to_list()) == [0, 1]
     index = json.loads((out / "adapters" / "verl_checkpoints.json").read_text())

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     inputs = TrainingInputs(
         train=args.train, val=args.val, tests=args.tests, model=args.model, snapshot=args.snapshot
     )
-    name, steps = cfg.run.name, cfg.run.steps
+    name = cfg.run.name
     require_sandbox(cfg.graders.allow_unsandboxed)  # verl's agent loop grades: bwrap missing stops here
     root = args.checkpoints
     runlock.guard(root, name)  # one writer per run folder, dying with its parent
@@ -74,6 +74,26 @@ def main(argv: list[str] | None = None) -> None:
     if done.returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-40:])
         raise SystemExit(f"verl exited with status {done.returncode}; last lines of {log_path}:\n{tail}")
+    convert_run(
+        cfg, s, inputs, root, args.out, episodes=episodes, metrics_dir=metrics.parent, expected=expected
+    )
+
+
+def convert_run(
+    cfg: TrainSlice,
+    s: dict,
+    inputs: TrainingInputs,
+    root,
+    out,
+    *,
+    episodes,
+    metrics_dir,
+    expected: dict[str, int],
+) -> None:
+    """verl's outputs of the finished run (the agent loop's `episodes` folder, the launches'
+    metrics_<n>.jsonl in `metrics_dir`, its checkpoints under root) into the journal, then into
+    the run folder `out` a local run gets."""
+    name, steps = cfg.run.name, cfg.run.steps
     points = validation_points(steps, cfg.training.validation_every)
     convert.write_journal(
         root,
@@ -81,13 +101,13 @@ def main(argv: list[str] | None = None) -> None:
         steps=steps,
         validated=points,
         records_dir=episodes,
-        metrics_files=sorted(metrics.parent.glob("metrics_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])),
+        metrics_files=sorted(metrics_dir.glob("metrics_*.jsonl"), key=lambda p: int(p.stem.split("_")[1])),
         gamma=cfg.training.ppo.gamma,
-        dose=cfg.training.runs[name].dose,
+        dose=cfg.run.dose,
         expected=expected,
     )
     convert.assemble_run(
-        inputs, root, args.out, s, name=name, steps=steps, validated=points, module=MODULE, code=code_files
+        inputs, root, out, s, name=name, steps=steps, validated=points, module=MODULE, code=code_files
     )
 
 
