@@ -173,8 +173,9 @@ class VerlConfig(Strict):
     )
 
 
-class TrainingConfig(AdapterShape):  # the adapters' keys (lora_*) are AdapterShape's
-    """Training: the engine, the policy's adapters, PPO, the runs and what they write."""
+class TrainingSettings(AdapterShape):  # the adapters' keys (lora_*) are AdapterShape's
+    """The training keys every run shares: the engine, the policy's adapters, PPO, checkpoints,
+    periodic validation, wandb and verl. A training stage's slice holds these and its one run."""
 
     engine: Literal["local", "verl"] = Field(
         default="local",
@@ -208,6 +209,12 @@ class TrainingConfig(AdapterShape):  # the adapters' keys (lora_*) are AdapterSh
         default="offline", description="wandb mode; offline logs land in the run folder's wandb/."
     )
     wandb_project: str = Field(default="atlas", description="wandb project name.")
+    verl: VerlConfig = Field(default_factory=VerlConfig, description="engine: verl only (ignored by local).")
+
+
+class TrainingConfig(TrainingSettings):
+    """Training: the settings every run shares, the runs and the dose step."""
+
     runs: dict[str, RunConfig] = Field(
         default_factory=_default_runs,
         description="Training runs by name (results/runs/<name>/): the training smoke and the arms. "
@@ -217,7 +224,6 @@ class TrainingConfig(AdapterShape):  # the adapters' keys (lora_*) are AdapterSh
         ),
     )
     dose_step: DoseStepConfig = Field(default_factory=DoseStepConfig, description="The dose step stage.")
-    verl: VerlConfig = Field(default_factory=VerlConfig, description="engine: verl only (ignored by local).")
 
     @field_validator("runs", mode="before")
     @classmethod
@@ -258,13 +264,11 @@ class DoseRunSlice(DoseStepConfig):
     name: Literal["dose_step"] = Field(description="The stage's run name.")
 
 
-def split_training(training: dict[str, Any]) -> tuple[TrainingConfig, dict[str, Any] | None]:
-    """A slice's `training` JSON as the TrainingConfig of its engine keys (no runs: the slice holds
-    one, or none), and its `run` entry if it has one."""
+def split_training(training: dict[str, Any]) -> tuple[TrainingSettings, dict[str, Any] | None]:
+    """A slice's `training` JSON as its TrainingSettings (a slice holds no runs: one, or none),
+    and its `run` entry if it has one."""
     keys = {k: v for k, v in training.items() if k != "run"}
-    keys.setdefault("runs", {})
-    keys.setdefault("dose_step", {"snapshot_of": None})  # the named run is not in this slice
-    return TrainingConfig.model_validate(keys), training.get("run")
+    return TrainingSettings.model_validate(keys), training.get("run")
 
 
 class TrainingSlice(Strict):
@@ -286,7 +290,7 @@ class TrainSlice(TrainingSlice):
     schedule: ScheduleConfig = Field(description="Ordered training schedule.")
     runtime: RuntimeConfig = Field(description="Tool runtime limits.")
     graders: GraderConfig = Field(description="Sandboxed program runs.")
-    training: TrainingConfig = Field(description="The training keys of the run's engine, without runs.")
+    training: TrainingSettings = Field(description="The training keys every run shares.")
     resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
     run: RunSlice = Field(description="The run this stage trains or checks.")
 
@@ -296,7 +300,7 @@ class DoseSlice(TrainingSlice):
     schedule: ScheduleConfig = Field(description="Ordered training schedule.")
     runtime: RuntimeConfig = Field(description="Tool runtime limits.")
     graders: GraderConfig = Field(description="Sandboxed program runs.")
-    training: TrainingConfig = Field(description="The training keys, without runs.")
+    training: TrainingSettings = Field(description="The training keys every run shares.")
     resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
     run: DoseRunSlice = Field(description="The doses and the potential being dosed.")
 
@@ -307,4 +311,4 @@ class RoundtripSlice(TrainingSlice):
     its input folder."""
 
     seed: int = Field(ge=0, description="Global seed.")
-    training: TrainingConfig = Field(description="The training keys, without runs.")
+    training: TrainingSettings = Field(description="The training keys every run shares.")
