@@ -10,7 +10,7 @@ rule checks:
         val=rules.prepare_data.output.val,
         tests=rules.prepare_data.output.tests,
         model=MODEL_DIR,
-        snapshot=lambda wc: snapshot_folder(ATLAS.training.runs[wc.run].snapshot_of),
+        snapshot=lambda wc: snapshot_folder(ATLAS.runs[wc.run].snapshot_of),
         distributed="results/checks/{run}.distributed",
         code=code("atlas.stages.checks"),
     output:
@@ -27,7 +27,7 @@ rule checks:
         gpu_mem_gb=ATLAS.resources.gpu_mem_gb("checks"),
     params:
         slice=lambda wc: canonical_json(config_slice(ATLAS, "checks", wc.run)),
-        snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
+        snapshot=lambda wc: snapshot_arg(ATLAS.runs[wc.run].snapshot_of),
     shell:
         "OMP_NUM_THREADS={threads} ATLAS_GPU_MEM_GB={resources.gpu_mem_gb} python -m atlas.stages.checks --config-slice {params.slice:q}"
         " --train {input.train} --val {input.val} --tests {input.tests} --model {input.model}"

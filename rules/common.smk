@@ -42,7 +42,7 @@ TRAIN_LAUNCH = (
 
 
 # The training runs of the config (the training smoke and the arms), one job each.
-TRAINING_RUNS = sorted(ATLAS.training.runs)
+TRAINING_RUNS = sorted(ATLAS.runs)
 
 
 def snapshot_folder(snapshot_of):

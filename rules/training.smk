@@ -10,7 +10,7 @@ rule train:
         val=rules.prepare_data.output.val,
         tests=rules.prepare_data.output.tests,
         model=MODEL_DIR,
-        snapshot=lambda wc: snapshot_folder(ATLAS.training.runs[wc.run].snapshot_of),
+        snapshot=lambda wc: snapshot_folder(ATLAS.runs[wc.run].snapshot_of),
         code=code(TRAIN_MODULE),
     output:
         directory("results/runs/{run}"),
@@ -29,7 +29,7 @@ rule train:
         gpu_mem_gb=ATLAS.resources.gpu_mem_gb("training"),
     params:
         slice=lambda wc: canonical_json(config_slice(ATLAS, "training", wc.run)),
-        snapshot=lambda wc: snapshot_arg(ATLAS.training.runs[wc.run].snapshot_of),
+        snapshot=lambda wc: snapshot_arg(ATLAS.runs[wc.run].snapshot_of),
         module=TRAIN_MODULE,
         launch=TRAIN_LAUNCH,  # ranks share the job's threads (atlas.rl.distributed.start)
     shell:
@@ -45,7 +45,7 @@ rule dose_step:
         val=rules.prepare_data.output.val,
         tests=rules.prepare_data.output.tests,
         model=MODEL_DIR,
-        snapshot=snapshot_folder(ATLAS.training.dose_step.snapshot_of),
+        snapshot=snapshot_folder(ATLAS.dose_step.snapshot_of),
         code=code("atlas.stages.dose_step"),
     output:
         directory("results/runs/dose_step"),
@@ -59,7 +59,7 @@ rule dose_step:
         gpu_mem_gb=ATLAS.resources.gpu_mem_gb("training"),
     params:
         slice=stage_slice("dose_step"),
-        snapshot=snapshot_arg(ATLAS.training.dose_step.snapshot_of),
+        snapshot=snapshot_arg(ATLAS.dose_step.snapshot_of),
     shell:
         "OMP_NUM_THREADS={threads} ATLAS_GPU_MEM_GB={resources.gpu_mem_gb} python -m atlas.stages.dose_step --config-slice {params.slice:q} --train {input.train}"
         " --val {input.val} --tests {input.tests} --model {input.model} {params.snapshot}"

@@ -15,7 +15,7 @@ from conftest import REPO, copy_pipeline, copy_workflow
 from plans import downstream_of, job_graphs, to_run
 
 CFG = load_config(REPO / "config" / "config.yaml")
-RUNS = sorted(CFG.training.runs)
+RUNS = sorted(CFG.runs)
 TRAIN = {f"train[{r}]" for r in RUNS}
 CHECKS = {f"checks[{r}]" for r in RUNS}
 DISTRIBUTED = {f"distributed_roundtrip[{r}]" for r in RUNS}

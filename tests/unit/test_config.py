@@ -58,19 +58,19 @@ def test_every_field_has_a_description():
             "schedule.questions_per_stp: Extra inputs are not permitted",
         ),
         (
-            lambda c: c["training"]["runs"]["frozen_potential"].update(snapshot_of="nope"),
+            lambda c: c["runs"]["frozen_potential"].update(snapshot_of="nope"),
             "runs.frozen_potential.snapshot_of: no run named 'nope'",
         ),
         (
-            lambda c: c["training"]["runs"]["training_smoke"].update(snapshot_of="frozen_potential"),
+            lambda c: c["runs"]["training_smoke"].update(snapshot_of="frozen_potential"),
             "runs.training_smoke.snapshot_of: the chain through 'training_smoke' is a cycle",
         ),
         (
-            lambda c: c["training"]["runs"]["zero_potential"].update(steps=9),
-            "training.runs.zero_potential.steps is 9 but schedule.steps is 4",
+            lambda c: c["runs"]["zero_potential"].update(steps=9),
+            "runs.zero_potential.steps is 9 but schedule.steps is 4",
         ),
         (
-            lambda c: c["training"]["runs"]["zero_potential"].update(potential="critic_snapshot"),
+            lambda c: c["runs"]["zero_potential"].update(potential="critic_snapshot"),
             "potential critic_snapshot needs snapshot_of",
         ),
         (
@@ -90,6 +90,18 @@ def test_every_field_has_a_description():
         (
             lambda c: c["training"].update(engine="deepspeed"),
             "training.engine: Input should be 'local' or 'verl'",
+        ),
+        (
+            lambda c: c["training"].update(runs=c.pop("runs")),
+            "training.runs: runs sits at the top level of the config (runs:), not under training",
+        ),
+        (
+            lambda c: c["training"].update(dose_step=c["dose_step"]),
+            "training.dose_step: dose_step sits at the top level of the config (dose_step:)",
+        ),
+        (
+            lambda c: c["runs"].update(zero_potential=None),
+            "validation.policies: 'zero_potential' is neither 'base' nor a training run",
         ),
     ],
 )
@@ -164,8 +176,8 @@ def test_a_training_slice_holds_only_its_own_run():
         "snapshot_step": None,
     }
     assert "runs" not in before["training"] and "dose_step" not in before["training"]
-    raw["training"]["runs"]["frozen_potential"]["dose"] = 0.25
-    raw["training"]["dose_step"]["doses"] = [0.0, 2.0]
+    raw["runs"]["frozen_potential"]["dose"] = 0.25
+    raw["dose_step"]["doses"] = [0.0, 2.0]
     assert config_slice(parse_config(raw), "training", "zero_potential") == before
     assert config_slice(parse_config(raw), "training", "frozen_potential")["training"]["run"]["dose"] == 0.25
     assert config_slice(parse_config(raw), "dose_step")["training"]["run"]["doses"] == [0.0, 2.0]
@@ -183,8 +195,8 @@ def test_the_distributed_roundtrip_slice_holds_the_seed_and_the_engine_keys_of_e
     sl = RoundtripSlice.model_validate(before)
     assert (sl.seed, sl.training.ppo.actor_lr) == (7, 3e-6)
     assert sl.training.lora_rank == raw["training"]["lora_rank"]
-    raw["training"]["runs"]["zero_potential"]["dose"] = 0.25  # a run's entry: its training reruns
-    raw["training"]["dose_step"]["doses"] = [0.0, 2.0]
+    raw["runs"]["zero_potential"]["dose"] = 0.25  # a run's entry: its training reruns
+    raw["dose_step"]["doses"] = [0.0, 2.0]
     raw["graders"] = {**raw.get("graders", {}), "test_timeout_s": 9.0}
     assert config_slice(parse_config(raw), "distributed_roundtrip") == before
     raw["training"]["ppo"]["critic_lr"] = 2e-5
@@ -207,7 +219,7 @@ def test_the_validation_slice_holds_the_studys_adapter_shape_and_no_other_traini
     raw["training"]["responses_per_question"] = 4
     raw["training"]["merged_rollouts"] = False
     raw["training"]["ppo"] = {**raw["training"].get("ppo", {}), "actor_lr": 3.0e-6}
-    raw["training"]["runs"]["zero_potential"]["dose"] = 0.5
+    raw["runs"]["zero_potential"]["dose"] = 0.5
     assert config_slice(parse_config(raw), "validation") == before
     raw["training"]["lora_alpha"] = 64  # the adapters' shape reruns every validation
     assert config_slice(parse_config(raw), "validation")["training"]["lora_alpha"] == 64
@@ -270,8 +282,8 @@ def test_every_shipped_config_parses_over_the_embedded_default(name):
     cfg = parse_config(whole, f"config/{name}")
     assert cfg.resources.device == "cuda", name
     if name == "h200-verl.yaml":  # the report's shape under verl, its training smoke the one arm
-        assert cfg.training.engine == "verl" and list(cfg.training.runs) == ["training_smoke"]
-        assert cfg.training.runs["training_smoke"].steps == 2 and cfg.schedule.questions_per_step == 32
+        assert cfg.training.engine == "verl" and list(cfg.runs) == ["training_smoke"]
+        assert cfg.runs["training_smoke"].steps == 2 and cfg.schedule.questions_per_step == 32
         assert (cfg.training.responses_per_question, cfg.training.lora_rank, cfg.training.lora_alpha) == (
             8,
             64,

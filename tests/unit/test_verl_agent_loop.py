@@ -58,7 +58,7 @@ class TurnRamp:
 
 def _cfg(potential="zero"):
     raw = load_config(REPO / "config" / "config.yaml").model_dump(mode="json")
-    raw["training"]["runs"][RUN]["potential"] = potential
+    raw["runs"][RUN]["potential"] = potential
     return parse_config(raw)
 
 
@@ -74,7 +74,7 @@ def _loop(tmp_path, tiny_model, data_dir, cfg):
         model=str(tiny_model),
         records_dir=str(tmp_path / "records"),
     )
-    path = tmp_path / f"settings_{cfg.training.runs[RUN].potential}.json"
+    path = tmp_path / f"settings_{cfg.runs[RUN].potential}.json"
     path.write_text(settings.model_dump_json())
     trainer = OmegaConf.create(
         {"actor_rollout_ref": {"rollout": {"prompt_length": 8192, "response_length": 8192}}}
@@ -295,7 +295,7 @@ def converted(played, tiny_model, data_dir, tmp_path_factory):
     )
     out = tmp_path / "run"
     raw = _cfg().model_dump(mode="json")  # one step, validated before and after it, dose 0.5
-    raw["training"]["runs"][RUN].update(steps=1, dose=0.5)
+    raw["runs"][RUN].update(steps=1, dose=0.5)
     raw["training"]["validation_every"] = 1
     s = config_slice(parse_config(raw), "training", RUN)
     from atlas.config.training import TrainSlice

@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from transformers import AutoModelForCausalLM
 
 from atlas.checks.roundtrip import next_token_logprobs
-from atlas.config.training import TrainingSettings
+from atlas.config.training import TrainingConfig
 from atlas.contracts.parquet import read_table
 from atlas.model.policy import ROLES, ActorCritic
 
@@ -92,7 +92,7 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().to("cpu", copy=True)
 
 
-def build(model_dir: Path, training: TrainingSettings, seed: int) -> ActorCritic:
+def build(model_dir: Path, training: TrainingConfig, seed: int) -> ActorCritic:
     """The policy in float32, whatever dtype the base was saved in: the tolerance is float32's."""
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     return ActorCritic(base, training, seed=seed)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from atlas.config.adapters import AdapterShape
 from atlas.config.base import ConfigError, Strict, format_validation_error
@@ -19,7 +19,7 @@ from atlas.config.report import ReportConfig
 from atlas.config.resources import ResourcesConfig
 from atlas.config.runtime import RuntimeConfig
 from atlas.config.smoke import SmokeConfig
-from atlas.config.training import TrainingConfig
+from atlas.config.training import DoseStepConfig, RunConfig, TrainingConfig, check_runs, default_runs
 from atlas.config.validation import ValidationConfig
 
 
@@ -39,37 +39,69 @@ class AtlasConfig(Strict):
     validation: ValidationConfig = Field(
         default_factory=ValidationConfig, description="Full validation of the final policies and the base."
     )
-    training: TrainingConfig = Field(description="Training shape.")
+    training: TrainingConfig = Field(description="The training keys every run shares.")
+    runs: dict[str, RunConfig] = Field(
+        default_factory=default_runs,
+        description="Training runs by name (results/runs/<name>/): the training smoke and the arms. "
+        "A run set to null is dropped: a --configfile laid over another removes a run that way.",
+        json_schema_extra=lambda schema: schema.update(
+            additionalProperties={"anyOf": [schema["additionalProperties"], {"type": "null"}]}
+        ),
+    )
+    dose_step: DoseStepConfig = Field(default_factory=DoseStepConfig, description="The dose step stage.")
     checks: ChecksConfig = Field(default_factory=ChecksConfig, description="The checks of each run.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Compute per job.")
     report: ReportConfig = Field(default_factory=ReportConfig, description="The report folder.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _runs_at_the_top(cls, data: Any) -> Any:
+        training = data.get("training") if isinstance(data, dict) else None
+        for key in ("runs", "dose_step"):
+            if isinstance(training, dict) and key in training:
+                raise ValueError(
+                    f"training.{key}: {key} sits at the top level of the config ({key}:), not under training"
+                )
+        return data
+
+    @field_validator("runs", mode="before")
+    @classmethod
+    def _drop_null_runs(cls, runs: Any) -> Any:
+        if isinstance(runs, dict):
+            return {name: run for name, run in runs.items() if run is not None}
+        return runs
+
+    @model_validator(mode="after")
+    def _runs_consistent(self) -> AtlasConfig:
+        check_runs(self.runs, self.dose_step)
+        return self
+
     @model_validator(mode="after")
     def _policies_exist(self) -> AtlasConfig:
         for policy in self.validation.policies:
-            if policy != "base" and policy not in self.training.runs:
+            if policy != "base" and policy not in self.runs:
                 raise ValueError(f"validation.policies: {policy!r} is neither 'base' nor a training run")
         return self
 
     @model_validator(mode="after")
     def _arms_are_runs(self) -> AtlasConfig:
         for arm in self.report.arms:
-            if arm not in self.training.runs:
-                raise ValueError(f"report.arms: {arm!r} is not a training run ({sorted(self.training.runs)})")
+            if arm not in self.runs:
+                raise ValueError(f"report.arms: {arm!r} is not a training run ({sorted(self.runs)})")
         return self
 
     @model_validator(mode="after")
     def _runs_fit_schedule(self) -> AtlasConfig:
-        for name, run in self.training.runs.items():
+        for name, run in self.runs.items():
             if run.steps is not None and run.steps > self.schedule.steps:
                 raise ValueError(
-                    f"training.runs.{name}.steps is {run.steps} but schedule.steps is "
+                    f"runs.{name}.steps is {run.steps} but schedule.steps is "
                     f"{self.schedule.steps}; a run trains on steps of the ordered schedule"
                 )
         return self
 
     def run_steps(self, run: str) -> int:
-        steps = self.training.runs[run].steps
+        steps = self.runs[run].steps
         return self.schedule.steps if steps is None else steps
 
 
@@ -164,7 +196,7 @@ STAGE_SLICES: dict[str, tuple[str, ...]] = {
 
 
 def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | None = None) -> dict[str, Any]:
-    """The keys `stage` reads. A training stage reads only its own run's entry of training.runs
+    """The keys `stage` reads. A training stage reads only its own run's entry of runs
     (so editing one arm leaves the others alone), plus `steps` resolved from the schedule."""
     if not isinstance(config, AtlasConfig):
         config = parse_config(config)
@@ -177,7 +209,7 @@ def config_slice(config: AtlasConfig | dict[str, Any], stage: str, run: str | No
         out["resources"] = {k: v for k, v in out["resources"].items() if k not in dropped}
     if stage in ("training", "checks", "dose_step", "distributed_roundtrip", "validation"):
         training = dict(out["training"])
-        runs, dose = training.pop("runs"), training.pop("dose_step")
+        runs, dose = dumped["runs"], dumped["dose_step"]
         if training["engine"] == "local":  # the verl knobs cannot change a local run
             training.pop("verl")
         if stage == "validation":  # the policy's adapter shape; its run folder is an input

@@ -1,11 +1,11 @@
-"""Training (`training`: PPO, the runs, the dose step, verl), and the slices of the stages that train: train, checks' base, dose_step, and the distributed roundtrip's."""
+"""Training (`training`: the engine, PPO, verl), the runs and the dose step (`runs`, `dose_step`), and the slices of the stages that train: train, checks' base, dose_step, and the distributed roundtrip's."""
 
 from __future__ import annotations
 
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from atlas.config.adapters import AdapterShape
 from atlas.config.base import FloatPair, Strict
@@ -128,7 +128,26 @@ class DoseStepConfig(Strict):
     snapshot_step: int | None = Field(default=None, ge=1, description="See RunConfig.snapshot_step.")
 
 
-def _default_runs() -> dict[str, RunConfig]:
+def check_runs(runs: dict[str, RunConfig], dose_step: DoseStepConfig) -> None:
+    """Raise ValueError unless every run's name is usable, every snapshot names a run, and no
+    chain of snapshots is a cycle."""
+    for name, run in runs.items():
+        if not re.match(RUN_NAME, name) or name == "dose_step":
+            raise ValueError(f"run name {name!r}: expected {RUN_NAME} and not 'dose_step'")
+        if run.snapshot_of is not None and run.snapshot_of not in runs:
+            raise ValueError(f"runs.{name}.snapshot_of: no run named {run.snapshot_of!r}")
+        seen, at = {name}, run.snapshot_of
+        while at is not None:  # a snapshot chain must end: a -> b -> a cannot be built
+            if at in seen:
+                raise ValueError(f"runs.{name}.snapshot_of: the chain through {at!r} is a cycle")
+            seen.add(at)
+            at = runs[at].snapshot_of
+    snap = dose_step.snapshot_of
+    if snap is not None and snap not in runs:
+        raise ValueError(f"dose_step.snapshot_of: no run named {snap!r}")
+
+
+def default_runs() -> dict[str, RunConfig]:
     return {
         "training_smoke": RunConfig(steps=2, potential="zero", dose=0.0),
         "zero_potential": RunConfig(potential="zero", dose=1.0),
@@ -173,9 +192,11 @@ class VerlConfig(Strict):
     )
 
 
-class TrainingSettings(AdapterShape):  # the adapters' keys (lora_*) are AdapterShape's
-    """The training keys every run shares: the engine, the policy's adapters, PPO, checkpoints,
-    periodic validation, wandb and verl. A training stage's slice holds these and its one run."""
+class TrainingConfig(AdapterShape):  # the adapters' keys (lora_*) are AdapterShape's
+    """Training (`training`): the keys every run shares: the engine, the policy's adapters, PPO,
+    checkpoints, periodic validation, wandb and verl. The runs and the dose step sit at the top
+    level of the config (`runs`, `dose_step`); a training stage's slice holds these keys and its
+    one run."""
 
     engine: Literal["local", "verl"] = Field(
         default="local",
@@ -212,49 +233,10 @@ class TrainingSettings(AdapterShape):  # the adapters' keys (lora_*) are Adapter
     verl: VerlConfig = Field(default_factory=VerlConfig, description="engine: verl only (ignored by local).")
 
 
-class TrainingConfig(TrainingSettings):
-    """Training: the settings every run shares, the runs and the dose step."""
-
-    runs: dict[str, RunConfig] = Field(
-        default_factory=_default_runs,
-        description="Training runs by name (results/runs/<name>/): the training smoke and the arms. "
-        "A run set to null is dropped: a --configfile laid over another removes a run that way.",
-        json_schema_extra=lambda schema: schema.update(
-            additionalProperties={"anyOf": [schema["additionalProperties"], {"type": "null"}]}
-        ),
-    )
-    dose_step: DoseStepConfig = Field(default_factory=DoseStepConfig, description="The dose step stage.")
-
-    @field_validator("runs", mode="before")
-    @classmethod
-    def _drop_null_runs(cls, runs: Any) -> Any:
-        if isinstance(runs, dict):
-            return {name: run for name, run in runs.items() if run is not None}
-        return runs
-
-    @model_validator(mode="after")
-    def _runs_consistent(self) -> TrainingConfig:
-        for name, run in self.runs.items():
-            if not re.match(RUN_NAME, name) or name == "dose_step":
-                raise ValueError(f"run name {name!r}: expected {RUN_NAME} and not 'dose_step'")
-            if run.snapshot_of is not None and run.snapshot_of not in self.runs:
-                raise ValueError(f"runs.{name}.snapshot_of: no run named {run.snapshot_of!r}")
-            seen, at = {name}, run.snapshot_of
-            while at is not None:  # a snapshot chain must end: a -> b -> a cannot be built
-                if at in seen:
-                    raise ValueError(f"runs.{name}.snapshot_of: the chain through {at!r} is a cycle")
-                seen.add(at)
-                at = self.runs[at].snapshot_of
-        snap = self.dose_step.snapshot_of
-        if snap is not None and snap not in self.runs:
-            raise ValueError(f"dose_step.snapshot_of: no run named {snap!r}")
-        return self
-
-
 class RunSlice(RunConfig):
     """The one training run a training-stage slice holds."""
 
-    name: str = Field(pattern=RUN_NAME, description="The run's name (training.runs.<name>).")
+    name: str = Field(pattern=RUN_NAME, description="The run's name (runs.<name>).")
     steps: int = Field(ge=1, description="Steps of the ordered schedule, resolved from schedule.steps.")
 
 
@@ -264,11 +246,11 @@ class DoseRunSlice(DoseStepConfig):
     name: Literal["dose_step"] = Field(description="The stage's run name.")
 
 
-def split_training(training: dict[str, Any]) -> tuple[TrainingSettings, dict[str, Any] | None]:
-    """A slice's `training` JSON as its TrainingSettings (a slice holds no runs: one, or none),
+def split_training(training: dict[str, Any]) -> tuple[TrainingConfig, dict[str, Any] | None]:
+    """A slice's `training` JSON as its TrainingConfig (a slice holds no runs: one, or none),
     and its `run` entry if it has one."""
     keys = {k: v for k, v in training.items() if k != "run"}
-    return TrainingSettings.model_validate(keys), training.get("run")
+    return TrainingConfig.model_validate(keys), training.get("run")
 
 
 class TrainingSlice(Strict):
@@ -290,7 +272,7 @@ class TrainSlice(TrainingSlice):
     schedule: ScheduleConfig = Field(description="Ordered training schedule.")
     runtime: RuntimeConfig = Field(description="Tool runtime limits.")
     graders: GraderConfig = Field(description="Sandboxed program runs.")
-    training: TrainingSettings = Field(description="The training keys every run shares.")
+    training: TrainingConfig = Field(description="The training keys every run shares.")
     resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
     run: RunSlice = Field(description="The run this stage trains or checks.")
 
@@ -300,7 +282,7 @@ class DoseSlice(TrainingSlice):
     schedule: ScheduleConfig = Field(description="Ordered training schedule.")
     runtime: RuntimeConfig = Field(description="Tool runtime limits.")
     graders: GraderConfig = Field(description="Sandboxed program runs.")
-    training: TrainingSettings = Field(description="The training keys every run shares.")
+    training: TrainingConfig = Field(description="The training keys every run shares.")
     resources: ResourcesConfig = Field(description="Device and GPUs (threads are not in any slice).")
     run: DoseRunSlice = Field(description="The doses and the potential being dosed.")
 
@@ -311,4 +293,4 @@ class RoundtripSlice(TrainingSlice):
     its input folder."""
 
     seed: int = Field(ge=0, description="Global seed.")
-    training: TrainingSettings = Field(description="The training keys every run shares.")
+    training: TrainingConfig = Field(description="The training keys every run shares.")

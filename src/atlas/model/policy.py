@@ -38,7 +38,7 @@ def lora_config(adapters: AdapterShape) -> LoraConfig:
 
 class ActorCritic(nn.Module):
     def __init__(self, base: nn.Module, adapters: AdapterShape, seed: int = 0):
-        """`adapters`: the LoRA shape (TrainingSettings is one)."""
+        """`adapters`: the LoRA shape (a TrainingConfig is one)."""
         super().__init__()
         torch.manual_seed(seed)  # LoRA A matrices and the head are random: fix them
         for p in base.parameters():

@@ -115,7 +115,7 @@ if tuple(METRIC_MEANINGS) != STEP_METRICS:  # every written metric is documented
     )
 
 STEP_METRICS_BY_RUN = [
-    Column("run", STR, "training run (training.runs.<name>), or dose_step"),
+    Column("run", STR, "training run (runs.<name>), or dose_step"),
     Column("stage", STR, "training_smoke, arm or dose_step"),
     Column("arm", STR, "the run's name when it is one of report.arms, else null"),
     Column("potential", STR, "the run's potential (zero, critic_snapshot)"),

@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 
 from atlas.config.runtime import RuntimeConfig
-from atlas.config.training import TrainingSettings
+from atlas.config.training import TrainingConfig
 from atlas.model.liger import apply_liger, wanted
 from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
 from atlas.runtime.session import Runtime, load_model, make_runtime
 
 
-def build_policy(model_dir: Path, training: TrainingSettings, seed: int, device: str):
+def build_policy(model_dir: Path, training: TrainingConfig, seed: int, device: str):
     """The actor-critic on the base model, with gradient checkpointing and Liger kernels when the
     config asks for them (both act in the updates: transformers recomputes layers in training
     mode, and rollouts sample from their own model, see rollout_model)."""
@@ -31,7 +31,7 @@ def build_policy(model_dir: Path, training: TrainingSettings, seed: int, device:
     return policy_on(base, training, seed, device), tokenizer
 
 
-def policy_on(base, training: TrainingSettings, seed: int, device: str) -> ActorCritic:
+def policy_on(base, training: TrainingConfig, seed: int, device: str) -> ActorCritic:
     """build_policy over a base model already in memory (the benchmarks' shapes)."""
     ac = ActorCritic(base, training, seed=seed).to(device)
     cuda = torch.device(device).type == "cuda"
@@ -42,7 +42,7 @@ def policy_on(base, training: TrainingSettings, seed: int, device: str) -> Actor
     return ac
 
 
-def rollout_model(ac: ActorCritic, training: TrainingSettings, device: str) -> MergedModel | None:
+def rollout_model(ac: ActorCritic, training: TrainingConfig, device: str) -> MergedModel | None:
     """The merged serving copy of the actor (training.merged_rollouts), or None: sample through
     the adapters. With Liger (training.ppo.liger) the copy gets the policy's kernels too."""
     setting = training.merged_rollouts
@@ -56,7 +56,7 @@ def rollout_model(ac: ActorCritic, training: TrainingSettings, device: str) -> M
 
 
 def rollout_runtime(
-    ac: ActorCritic, tokenizer, training: TrainingSettings, runtime: RuntimeConfig, device: str
+    ac: ActorCritic, tokenizer, training: TrainingConfig, runtime: RuntimeConfig, device: str
 ) -> tuple[Runtime, MergedModel | None]:
     """The runtime rollouts sample through, and the merged serving copy it samples from (None:
     through the adapters), as rollout_model chooses."""

@@ -28,7 +28,7 @@ import torch
 
 from atlas.config.graders import GraderConfig
 from atlas.config.runtime import RuntimeConfig
-from atlas.config.training import PPOConfig, RunConfig, TrainingSettings, TrainSlice
+from atlas.config.training import PPOConfig, RunConfig, TrainingConfig, TrainSlice
 from atlas.graders.sandbox import require_sandbox
 from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
@@ -92,7 +92,7 @@ class Session:
     seed: int
     runtime: RuntimeConfig
     graders: GraderConfig
-    training: TrainingSettings
+    training: TrainingConfig
     run_cfg: RunConfig
     ac: ActorCritic
     rt: Runtime

@@ -36,7 +36,7 @@ class TrainingInputs(RolloutInputs):
     critic potential, the run folder whose critic is frozen."""
 
     train: Path  # results/data/train.parquet
-    snapshot: Path | None = None  # results/runs/<run> of training.runs.<name>.snapshot_of
+    snapshot: Path | None = None  # results/runs/<run> of runs.<name>.snapshot_of
 
     def files(self) -> list[Path]:
         """The files read, for a run's fingerprint and manifest."""

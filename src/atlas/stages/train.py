@@ -1,6 +1,6 @@
 """Training stage: PPO with a LoRA actor and critic on the ordered schedule, for one run.
 
-One run is the training smoke or an arm of the study (training.runs.<name> in the config). Each
+One run is the training smoke or an arm of the study (runs.<name> in the config). Each
 step is atlas.rl.step.train_step; around it this stage journals the records before the update,
 validates every k steps, saves compact checkpoints, logs to wandb and assembles the run folder.
 
