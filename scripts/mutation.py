@@ -99,6 +99,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "compact": (["src/atlas/checks/compact.py"], ["tests/unit/test_compact_checks.py"]),
+    "drift": (["src/atlas/rl/drift.py"], ["tests/unit/test_drift.py"]),
+    "lcb_reader": (["src/atlas/data/lcb.py"], ["tests/unit/test_lcb.py", "tests/unit/test_lcb_rows.py"]),
 }
 
 # Modules of which only some functions count (the rest of the file is another job's: the sandbox's
