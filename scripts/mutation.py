@@ -116,8 +116,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 
 # Modules of which only some functions count (the rest of the file is another job's: the sandbox's
 # start-up and isolation are tested by running real sandboxes, seconds per mutant). mutmut
-# mutates the whole file; the selected tests reach only these functions, and the other mutants
-# ("no tests") are left out of the score.
+# mutates the whole file and runs every mutant that the selected tests reach; only these
+# functions' mutants count, the others are left out of the score.
 ONLY_FUNCTIONS: dict[str, set[str]] = {
     "sandbox_bounds": {"SandboxLimits.from_config", "_Capped.__init__", "_Capped.add", "_Capped.text"},
     # The comparison and the verdict; grade_many's pool of threads is left out.
