@@ -99,12 +99,25 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "compact": (["src/atlas/checks/compact.py"], ["tests/unit/test_compact_checks.py"]),
+    "grade_many": (
+        ["src/atlas/graders/lcb.py"],
+        [
+            "tests/unit/test_graders.py::test_reference_solutions_pass_every_test",
+            "tests/unit/test_graders.py::test_every_verdict_says_it_was_sandboxed",
+            "tests/unit/test_graders.py::test_grade_many_keeps_input_order_and_runs_in_parallel",
+            "tests/unit/test_graders.py::test_grade_many_runs_each_program_in_a_sandbox_of_its_own",
+            "tests/unit/test_graders.py::test_grade_many_starts_a_workers_next_sandbox_before_it_grades",
+            "tests/unit/test_graders.py::test_grade_many_starts_nothing_ahead_when_each_worker_has_one_program",
+        ],
+    ),
+    "drift": (["src/atlas/rl/drift.py"], ["tests/unit/test_drift.py"]),
+    "lcb_reader": (["src/atlas/data/lcb.py"], ["tests/unit/test_lcb.py", "tests/unit/test_lcb_rows.py"]),
 }
 
 # Modules of which only some functions count (the rest of the file is another job's: the sandbox's
 # start-up and isolation are tested by running real sandboxes, seconds per mutant). mutmut
-# mutates the whole file; the selected tests reach only these functions, and the other mutants
-# ("no tests") are left out of the score.
+# mutates the whole file and runs every mutant that the selected tests reach; only these
+# functions' mutants count, the others are left out of the score.
 ONLY_FUNCTIONS: dict[str, set[str]] = {
     "sandbox_bounds": {"SandboxLimits.from_config", "_Capped.__init__", "_Capped.add", "_Capped.text"},
     # The comparison and the verdict; grade_many's pool of threads is left out.
@@ -123,6 +136,8 @@ ONLY_FUNCTIONS: dict[str, set[str]] = {
         "grade_code",
         "summarize",
     },
+    # The pool: the order of the verdicts, the sandboxes started ahead, the number of workers.
+    "grade_many": {"grade_many"},
 }
 
 # Modules whose tests use the tiny model and the prepared data: both are built once per run by

@@ -42,6 +42,29 @@ def test_drift_band_is_0_9_to_1_1_and_raw_is_optional():
     assert rollout_drift(ratios.log(), rollout, torch.zeros(1, 4)) == {}
 
 
+def _log_of_exactly(ratio: float) -> float:
+    """A float64 log-prob gap whose torch.exp is `ratio` to the last bit (log then exp may be an
+    ulp off; a few neighbouring gaps hit it exactly)."""
+    x = math.log(ratio)
+    for _ in range(16):
+        got = torch.tensor(x, dtype=torch.float64).exp().item()
+        if got == ratio:
+            return x
+        x = math.nextafter(x, -math.inf if got > ratio else math.inf)
+    raise AssertionError(f"no float64 gap has exp {ratio!r}")
+
+
+def test_the_band_holds_its_edges():
+    """[0.9, 1.1] is closed: a ratio of exactly 0.9 or 1.1 is inside (a hair past either is
+    outside: test_drift_band_is_0_9_to_1_1_and_raw_is_optional)."""
+    edges = torch.tensor([[_log_of_exactly(0.9), _log_of_exactly(1.1)]], dtype=torch.float64)
+    rollout = torch.zeros(1, 2, dtype=torch.float64)
+    m = rollout_drift(edges, rollout, torch.ones(1, 2), raw_lp=edges)
+    assert m["rollout/importance_ratio_mean"] == pytest.approx(1.0)
+    assert m["rollout/importance_ratio_outside"] == 0.0
+    assert m["rollout/importance_ratio_raw_outside"] == 0.0
+
+
 def _batch():
     lengths = [12, 5, 15]
     ids, attn = padded_batch(lengths, seed=4)

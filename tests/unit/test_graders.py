@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -470,6 +471,58 @@ def test_grade_many_runs_each_program_in_a_sandbox_of_its_own(sandboxed, scratch
     verdicts = grade_many(jobs, cfg=GraderConfig(workers=2))
     assert [(v.status, v.tests[0].detail) for v in verdicts] == [("passed", "")] * 7
     assert len(loaded) == len({id(box) for box in loaded}) == 7
+    assert_contained(scratch_root)
+
+
+def _sandbox_events(monkeypatch) -> list[tuple[str, int, str]]:
+    """("new" | "load", the sandbox's number in the order they were made, the thread's name) for
+    each Sandbox made and each program loaded, in the order they happen."""
+    isolation_available()  # the probe's own sandbox, made once per process, is not grade_many's
+    events, made = [], []
+    init, load = sandbox.Sandbox.__init__, sandbox.Sandbox.load
+
+    def spy_init(box, *args, **kwargs):
+        made.append(box)
+        events.append(("new", len(made) - 1, threading.current_thread().name))
+        init(box, *args, **kwargs)
+
+    def spy_load(box, *args, **kwargs):
+        events.append(("load", made.index(box), threading.current_thread().name))
+        return load(box, *args, **kwargs)
+
+    monkeypatch.setattr(sandbox.Sandbox, "__init__", spy_init)
+    monkeypatch.setattr(sandbox.Sandbox, "load", spy_load)
+    return events
+
+
+def test_grade_many_starts_a_workers_next_sandbox_before_it_grades(scratch_root, monkeypatch):
+    """One worker, three programs: before grading a program it starts the next one's sandbox
+    (grade_code starts the first program's own); the last program has no next, so no sandbox is
+    started that nothing runs in."""
+    events = _sandbox_events(monkeypatch)
+    jobs = [(f"print({i})", [Case("stdin", "", str(i))], None) for i in range(3)]
+    verdicts = grade_many(jobs, cfg=GraderConfig(workers=1))
+    assert [(v.status, v.passed) for v in verdicts] == [("passed", 1)] * 3
+    worker = "lcb-grader_0"
+    assert events == [
+        ("new", 0, worker),  # ahead, for program 1
+        ("new", 1, worker),  # program 0's, by grade_code
+        ("load", 1, worker),
+        ("new", 2, worker),  # ahead, for program 2
+        ("load", 0, worker),
+        ("load", 2, worker),
+    ]
+    assert_contained(scratch_root)
+
+
+def test_grade_many_starts_nothing_ahead_when_each_worker_has_one_program(scratch_root, monkeypatch):
+    events = _sandbox_events(monkeypatch)
+    jobs = [(f"print({i})", [Case("stdin", "", str(i))], None) for i in range(2)]
+    verdicts = grade_many(jobs, cfg=GraderConfig(workers=2))
+    assert [(v.status, v.passed) for v in verdicts] == [("passed", 1)] * 2
+    assert sorted(kind for kind, _, _ in events) == ["load", "load", "new", "new"]
+    assert sorted(box for kind, box, _ in events if kind == "load") == [0, 1]
+    assert {name for _, _, name in events} <= {"lcb-grader_0", "lcb-grader_1"}
     assert_contained(scratch_root)
 
 
