@@ -284,7 +284,7 @@ def shared(done: Path, make) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """The embedded default's model, built once per test session (or the one ATLAS_TEST_TINY_MODEL
-    names, built by scripts/mutation.py once for all the sessions of a mutation run)."""
+    names, built by tools/mutation.py once for all the sessions of a mutation run)."""
     if prebuilt := os.environ.get("ATLAS_TEST_TINY_MODEL"):
         return Path(prebuilt)
     return shared(session_root(tmp_path_factory) / "tiny-model", lambda d: _build_model(d / "tiny")) / "tiny"

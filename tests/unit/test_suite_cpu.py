@@ -1,4 +1,4 @@
-"""scripts/suite_cpu.py's reading of /proc/stat: busy and idle core-seconds from clock ticks."""
+"""tools/suite_cpu.py's reading of /proc/stat: busy and idle core-seconds from clock ticks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO
 
-spec = importlib.util.spec_from_file_location("suite_cpu", REPO / "scripts" / "suite_cpu.py")
+spec = importlib.util.spec_from_file_location("suite_cpu", REPO / "tools" / "suite_cpu.py")
 suite_cpu = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(suite_cpu)
 

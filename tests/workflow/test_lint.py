@@ -24,6 +24,9 @@ def test_lint_and_format_are_clean():
 
 def test_python_lint_and_format_are_clean():
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or "ruff"
-    for args in (["check", "src", "tests", "scripts"], ["format", "--check", "src", "tests", "scripts"]):
+    for args in (
+        ["check", "src", "tests", "scripts", "tools"],
+        ["format", "--check", "src", "tests", "scripts", "tools"],
+    ):
         proc = subprocess.run([ruff, *args], cwd=REPO, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr

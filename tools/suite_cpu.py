@@ -1,6 +1,6 @@
 """Where the test suite's CPU goes: every Python process it starts, by kind, with its own CPU time.
 
-    python scripts/suite_cpu.py [PYTEST ARGS ...]      # default: -p no:cacheprovider (a cold run)
+    python tools/suite_cpu.py [PYTEST ARGS ...]      # default: -p no:cacheprovider (a cold run)
 
 For the length of one `python -m pytest` run, a `.pth` file in this environment's site-packages
 imports a hook module that records each Python process's CPU time (its own, not its children's)

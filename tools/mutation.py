@@ -1,8 +1,8 @@
 """Mutation testing of the modules that carry the report's claims, with mutmut, module by module.
 
-    python scripts/mutation.py                 # every module in MODULES, then the score table
-    python scripts/mutation.py grammar losses  # some of them
-    python scripts/mutation.py --survivors     # also print each surviving mutant's diff
+    python tools/mutation.py                 # every module in MODULES, then the score table
+    python tools/mutation.py grammar losses  # some of them
+    python tools/mutation.py --survivors     # also print each surviving mutant's diff
 
 Each module runs in its own scratch copy of the repository (the tracked and untracked files, no
 results), against its own fast unit tests only, so a run never touches the working tree and the
