@@ -13,11 +13,10 @@
 #       There. Installs the wheelhouse into DIR/site (no index; the SHA256SUMS checked; once),
 #       puts bwrap on PATH from DIR/debs where the node has none and checks the sandbox
 #       (scripts/sandbox_check.py), then runs what is named (default: pipeline bench):
-#         drill     the config's first training run ($ATLAS_DRILL_RUN, default training_smoke)
-#                   through Snakemake, killed (SIGKILL to Snakemake and its jobs; Ray stopped)
-#                   as soon as it has saved its first checkpoint; `pipeline` after it resumes
-#                   the run from that checkpoint (resume_mode: auto). drill.txt says what was
-#                   killed when and which checkpoint was left
+#         drill     scripts/drill.sh on one training run ($ATLAS_DRILL_RUN, default
+#                   training_smoke): killed at its first checkpoint, so that `pipeline` after it
+#                   resumes the run from there (resume_mode: auto); drill.txt says when and which
+#                   checkpoints were left
 #         pipeline  snakemake $ATLAS_TARGET --configfile $ATLAS_CONFIG --cores all
 #                   --resources gpu_mem_gb=<GPU 0's GiB> --rerun-incomplete (ATLAS_TARGET: default
 #                   results/report25/; ATLAS_CONFIG: one config or several laid over each other,
@@ -110,42 +109,16 @@ gpu_gib() {  # the jobs share GPU 0: each claims its resources.gpu_memory_gb fro
     echo $(($(nvidia-smi --id=0 --query-gpu=memory.total --format=csv,noheader,nounits) / 1024))
 }
 
-stop_ray() {  # a killed verl job leaves its Ray cluster (and vLLM's GPU memory) behind
-    python3 -c "import ray" 2> /dev/null && python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1
-    return 0
-}
-
 drill() {
-    local out=$1 run=${ATLAS_DRILL_RUN:-training_smoke} gib start pid saved=""
+    local out=$1 run=${ATLAS_DRILL_RUN:-training_smoke} gib
     shift
-    local ck=results/checkpoints/$run
     gib=$(gpu_gib)
-    python3 -m snakemake --configfile "$@" --unlock > /dev/null 2>&1
-    echo "python3 -m snakemake results/runs/$run --configfile $* --cores all --resources gpu_mem_gb=$gib  (killed at its first checkpoint)" >> "$out/command.txt"
-    start=$(date +%s)
-    setsid python3 -m snakemake "results/runs/$run" --configfile "$@" --cores all --resources gpu_mem_gb="$gib" \
-        > "$out/drill_snakemake.log" 2>&1 &
-    pid=$!
-    while kill -0 "$pid" 2> /dev/null; do
-        # the local trainer's complete step_<k>/ (it has a MANIFEST.json), or verl's tracker
-        saved=$(ls -d "$ck"/step_*/MANIFEST.json "$ck"/verl/checkpoints/latest_checkpointed_iteration.txt 2> /dev/null | head -1)
-        [[ -n $saved ]] && break
-        sleep 2
-    done
-    if [[ -z $saved ]]; then
-        wait "$pid"
-        echo "drill: $run ended (exit $?) after $(($(date +%s) - start)) s before it saved a checkpoint" | tee -a "$out/drill.txt"
-        return 1
-    fi
-    kill -KILL -- "-$pid"
-    pkill -KILL -f "atlas.stages.train" # a job Snakemake started in a session of its own
-    wait "$pid" 2> /dev/null
-    stop_ray
-    {
-        echo "drill: killed Snakemake and its jobs (SIGKILL) $(($(date +%s) - start)) s after the start, once $saved existed"
-        echo "checkpoints left: $(cd "$ck" && ls -d step_* verl/checkpoints/global_step_* 2> /dev/null | tr '\n' ' ')"
-    } | tee -a "$out/drill.txt"
-    python3 -m snakemake --configfile "$@" --unlock > /dev/null 2>&1
+    echo "bash scripts/drill.sh $run --configfile $* --cores all --resources gpu_mem_gb=$gib" >> "$out/command.txt"
+    PYTHON=python3 bash "$here/scripts/drill.sh" "$run" --configfile "$@" --cores all --resources gpu_mem_gb="$gib" \
+        > "$out/drill_snakemake.log" 2>&1
+    local rc=$?
+    grep '^drill:' "$out/drill_snakemake.log" | tee "$out/drill.txt"
+    return $rc
 }
 
 pipeline() {
@@ -158,7 +131,6 @@ pipeline() {
     python3 -m snakemake "$target" --configfile "$@" --cores all --resources gpu_mem_gb="$gib" --keep-going --rerun-incomplete
     rc=$?
     echo "snakemake: exit $rc after $(($(date +%s) - start)) s"
-    stop_ray
     log=$(ls -t .snakemake/log/*.snakemake.log 2> /dev/null | head -1)
     if [[ -n $log ]]; then
         cp "$log" "$out/snakemake.log"
