@@ -15,11 +15,12 @@ verl metrics files (verl's own file logger, one per launch) add verl's `perf/thr
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import polars as pl
+
+from atlas.verl.convert import VerlOutputError, read_metrics
 
 ROWS = [
     ("step seconds", "timing_s/step", "{:.1f}"),
@@ -46,20 +47,6 @@ VERL_ROWS = [
 ]
 
 
-def verl_steps(files: list[Path]) -> dict[int, dict]:
-    """verl's per-step metrics by global step; later files (later launches) win."""
-    out: dict[int, dict] = {}
-    for path in files:
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                    out.setdefault(int(row["step"]), {}).update(row["data"])
-                except (KeyError, TypeError, ValueError) as err:
-                    sys.exit(f"{path}:{n}: not a verl file-logger line ({err!r})")
-    return out
-
-
 def cell(fmt: str, value) -> str:
     return "" if value is None else fmt.format(value)
 
@@ -80,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
             runs[engine] = pl.read_parquet(path).sort("step").to_dicts()
         except (OSError, pl.exceptions.PolarsError) as err:
             sys.exit(f"{path}: not a step_metrics.parquet ({err})")
-    extra = verl_steps(args.verl_metrics)
+    try:
+        extra = read_metrics(args.verl_metrics)
+    except VerlOutputError as err:
+        sys.exit(str(err))
     for k, row in enumerate(runs["verl"]):  # verl's global step g is our step g - 1
         row.update({key: extra.get(k + 1, {}).get(key) for _, key, _ in VERL_ROWS})
     steps = max(len(r) for r in runs.values())

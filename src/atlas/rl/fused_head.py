@@ -173,44 +173,52 @@ def packed_token_logprobs(
     atlas.rl.replay.ReplayedMasks. With entropy=True also [B, T] entropies of the raw next-token
     distribution before each generated token (no mask, temperature 1: the PPO loss's entropy
     bonus, as atlas.rl.ppo takes it from full logits), from a second pass of the chunked head."""
-    h, at, ids, bitmask = _generated(hidden, packed, masks)
-    lp, _ = head_logprobs(h[at - 1], weight, ids[at], bitmask, temperature, chunk)
-    zeros = torch.zeros(packed.tokens, dtype=torch.float32, device=h.device)
-    lp_out = packed.unpack(zeros.index_put((at,), lp))
+    h, at, ids = _generated(hidden, packed, masks)
+    before, targets = h[at - 1], ids[at]
+    lp, _ = head_logprobs(before, weight, targets, _bitmasks(masks, h.device), temperature, chunk)
     if not entropy:
-        return lp_out, None
-    _, ent = head_logprobs(h[at - 1], weight, ids[at], None, 1.0, chunk, entropy=True)
-    return lp_out, packed.unpack(zeros.index_put((at,), ent))
+        return _unpacked(packed, at, lp), None
+    _, ent = head_logprobs(before, weight, targets, None, 1.0, chunk, entropy=True)
+    return _unpacked(packed, at, lp), _unpacked(packed, at, ent)
 
 
-def packed_raw_logprobs(
+def packed_old_logprobs(
     hidden: torch.Tensor, weight: torch.Tensor, packed, masks, temperature: float, chunk: int = DEFAULT_CHUNK
-) -> torch.Tensor:
-    """[B, T] log-probs of the same generated tokens over the whole vocabulary (no grammar mask,
-    at `temperature`; 0 elsewhere): what a trainer that ignores the grammar computes."""
-    h, at, ids, _ = _generated(hidden, packed, masks)
-    lp, _ = head_logprobs(h[at - 1], weight, ids[at], None, temperature, chunk)
-    zeros = torch.zeros(packed.tokens, dtype=torch.float32, device=h.device)
-    return packed.unpack(zeros.index_put((at,), lp))
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] log-probs of the generated tokens under their masks, as packed_token_logprobs gives
+    them, and over the whole vocabulary (no grammar mask, at `temperature`: what a trainer that
+    ignores the grammar computes; atlas.rl.drift), from one set of packed hidden states."""
+    h, at, ids = _generated(hidden, packed, masks)
+    before, targets = h[at - 1], ids[at]
+    masked, _ = head_logprobs(before, weight, targets, _bitmasks(masks, h.device), temperature, chunk)
+    raw, _ = head_logprobs(before, weight, targets, None, temperature, chunk)
+    return _unpacked(packed, at, masked), _unpacked(packed, at, raw)
 
 
 def _generated(hidden: torch.Tensor, packed, masks):
-    """The packed hidden states [N, H], the packed index of every generated token, the packed
-    token ids and the generated tokens' bitmasks, on the hidden states' device."""
+    """The packed hidden states [N, H], the packed index of every generated token and the packed
+    token ids, on the hidden states' device."""
     h = hidden[0] if hidden.dim() == 3 else hidden
     if len(masks) != len(packed.lengths):
         raise ValueError(f"{len(masks)} masks for {len(packed.lengths)} packed rows")
-    device = h.device
-    where, bitmasks = [], []
+    where = []
     for row, (m, start) in enumerate(zip(masks, packed.starts, strict=True)):
         pos = m.positions.cpu()  # replay makes host tensors: then the check costs no device sync
         if pos.numel() and (int(pos.min()) < 1 or int(pos.max()) >= packed.lengths[row]):
             raise ValueError(f"row {row}: generated positions must lie in 1..{packed.lengths[row] - 1}")
         where.append(pos + start)
-        bitmasks.append(m.bitmask)
-    at = torch.cat(where).to(device)
-    ids = packed.input_ids[0].to(device)
-    return h, at, ids, torch.cat(bitmasks).to(device, non_blocking=True)
+    return h, torch.cat(where).to(h.device), packed.input_ids[0].to(h.device)
+
+
+def _bitmasks(masks, device) -> torch.Tensor:
+    """The generated tokens' bitmasks, row after row, on `device`."""
+    return torch.cat([m.bitmask for m in masks]).to(device, non_blocking=True)
+
+
+def _unpacked(packed, at: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """[B, T] `values` at the packed indices `at`, 0 elsewhere."""
+    zeros = torch.zeros(packed.tokens, dtype=torch.float32, device=values.device)
+    return packed.unpack(zeros.index_put((at,), values))
 
 
 def output_weight(model) -> torch.Tensor:

@@ -29,7 +29,7 @@ from atlas.model.liger import liger_rope
 from atlas.model.policy import ActorCritic
 from atlas.rl.advantages import gae_over_sampled_batch
 from atlas.rl.drift import rollout_drift
-from atlas.rl.fused_head import output_weight, packed_raw_logprobs, packed_token_logprobs
+from atlas.rl.fused_head import output_weight, packed_old_logprobs, packed_token_logprobs
 from atlas.rl.losses import entropy_from_logits, kl_penalty, masked_mean, policy_loss, value_loss
 from atlas.rl.packing import decoder, pack, packed_attention, token_budget_cut
 from atlas.rl.replay import ReplayedMasks, masked_logprobs
@@ -168,9 +168,7 @@ class Passes:
         ac = self.ac
         if self.packed:
             packed, hidden = self._hidden(sub)
-            weight = output_weight(ac.peft)
-            masked, _ = packed_token_logprobs(hidden, weight, packed, sub.masks, self.temperature)
-            return masked, packed_raw_logprobs(hidden, weight, packed, sub.masks, self.temperature)
+            return packed_old_logprobs(hidden, output_weight(ac.peft), packed, sub.masks, self.temperature)
         logits = ac.peft(input_ids=sub.input_ids, attention_mask=sub.attention).logits
         return token_logprobs(logits, sub, self.temperature), token_logprobs(
             logits, sub, self.temperature, raw=True
