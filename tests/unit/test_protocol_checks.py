@@ -15,7 +15,7 @@ import pytest
 from atlas.hashing import canonical_json
 from atlas.runtime.episode import Episode, GenerationSpan
 from atlas.runtime.protocol import ProtocolReport, check_episodes, parse_call, token_rewards
-from atlas.runtime.records import ExecutionRecord
+from atlas.runtime.records import Credit, ExecutionRecord
 from atlas.runtime.tools import CodeBounds, gpqa_tools
 
 OPEN, CLOSE, STOP = 1, 2, 3
@@ -344,6 +344,17 @@ def test_token_rewards_put_each_record_reward_on_its_action_token():
     tamper(ep, 0, score=0.0, action_token=len(ep.token_ids) + 5)  # a zero reward is placed nowhere
     tamper(ep, 1, score=0.0)
     assert token_rewards(ep) == [0.0] * len(ep.token_ids)
+
+
+def test_token_rewards_put_each_credit_reward_on_its_records_action_token():
+    ep = two_turns()
+    a0, a1 = (r.action_token for r in ep.records)
+    credits = [Credit(reward=-0.5), Credit(reward=2.0)]
+    expected = [0.0] * len(ep.token_ids)
+    expected[a0], expected[a1] = -0.5, 2.0
+    assert token_rewards(ep, credits) == expected
+    with pytest.raises(ValueError, match="zip"):
+        token_rewards(ep, credits[:1])
 
 
 def test_the_report_of_a_tampered_copy_leaves_the_clean_one_clean():

@@ -94,3 +94,10 @@ def test_a_record_that_breaks_the_schema_leaves_the_old_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["records.parquet"]  # no temporary file left
     write_records(path, [SECOND], [SECOND_CREDIT])  # a good write replaces it whole
     assert pq.read_table(path).to_pylist() == [as_row(SECOND, SECOND_CREDIT)]
+
+
+def test_credits_for_another_number_of_records_are_refused(tmp_path):
+    with pytest.raises(ValueError) as err:
+        write_records(tmp_path / "records.parquet", [FIRST], [FIRST_CREDIT, SECOND_CREDIT])
+    assert str(err.value) == "2 credits for 1 records"
+    assert list(tmp_path.iterdir()) == []

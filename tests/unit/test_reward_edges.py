@@ -198,3 +198,20 @@ def test_credits_refuse_lists_of_different_lengths():
     with pytest.raises(ValueError) as err:
         placed(2, 1).credits()
     assert str(err.value) == "2 rewards, 1 potentials before, 2 after"
+
+
+# --- shape_episode with the potential's values given ---
+
+
+def test_given_potential_values_are_used_and_checked():
+    ep = all_sampled(4, [record(0, 1), record(1, 3, 1.0)])
+    asked = Fixed([9.0, 9.0])  # what the potential would say: not asked when its values are given
+    placed = shape_episode(ep, asked, gamma=1.0, dose=1.0, phi=[0.5, 0.25])
+    assert placed.potential_before == [0.5, 0.25]
+    assert placed.reward == [-0.25, 0.75]
+    with pytest.raises(ValueError) as err:
+        shape_episode(ep, asked, gamma=1.0, dose=1.0, phi=[0.5])
+    assert str(err.value) == (
+        "potential Fixed(values=[9.0, 9.0]) returned 1 values for an episode with 2 records; "
+        "expected one Phi(s_k) per record"
+    )
