@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Update benchmark: the trainer's own PPO update (atlas.rl.ppo prepare + update) at a real shape.
+"""Update benchmark: the trainer's own PPO update (atlas.rl.ppo.ppo_update) at a real shape.
 
     python scripts/bench_update.py --shape 8b --out update_8b.json
 
@@ -8,8 +8,8 @@ over atlas.model.shapes' random-init Qwen3 of the shape, vocab 151,936, bf16 on 
 by atlas.rl.serving.policy_on with what `auto` turns on there: gradient checkpointing, padding
 removal with the chunked head, Liger kernels and fused LoRA. The batch is atlas.rl.synthetic's
 (`--rows` x `--row-tokens`), cut into micro-batches by training.ppo.micro_batch_tokens. Each repeat is one
-ppo.prepare + ppo.update (critic, then actor: one optimizer step each); the table gives the
-actor update's seconds from the update's own timing_s/update_actor.
+ppo_update: the forward passes and GAE, then the critic and actor updates (one optimizer step
+each); the table gives the actor update's seconds from the update's own timing_s/update_actor.
 
 MFU = 8 x P x tokens / seconds / 792 TFLOP/s, P the base model's parameters, 792 the bf16
 8192^3 matmul rate measured on the H200 (the convention of ../docs/performance.md).
@@ -31,7 +31,7 @@ from atlas.config.training import PPOConfig, TrainingConfig
 from atlas.model.liger import wanted
 from atlas.model.shapes import SYNTHETIC_VOCAB, base_parameters, shape_model
 from atlas.rl.checkpoint import save_compact
-from atlas.rl.ppo import make_optimizers, make_schedulers, prepare, update
+from atlas.rl.ppo import make_optimizers, make_schedulers, ppo_update
 from atlas.rl.serving import policy_on
 from atlas.rl.synthetic import synthetic_batch
 
@@ -71,8 +71,7 @@ def main() -> None:
     for k in range(args.repeats + 1):  # the first is the warm-up (Triton and cuBLAS set-up)
         batch = synthetic_batch(args.rows, args.row_tokens, base.config.vocab_size, seed=k, device="cuda")
         torch.cuda.reset_peak_memory_stats()
-        prep = prepare(ac, batch, ppo, temperature=1.0)
-        metrics = {**prep.metrics, **update(ac, batch, prep, optimizers, None, ppo, temperature=1.0)}
+        metrics = ppo_update(ac, batch, optimizers, ppo, temperature=1.0)
         peak = max(peak, torch.cuda.max_memory_allocated() / 2**30)
         if k:
             seconds.append(metrics["timing_s/update_actor"])

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
 from atlas.hashing import canonical_json
 from atlas.runtime.episode import Episode, GenerationSpan
 from atlas.runtime.protocol import ProtocolReport, check_episodes, parse_call, token_rewards
-from atlas.runtime.records import ExecutionRecord
+from atlas.runtime.records import Credit, ExecutionRecord
 from atlas.runtime.tools import CodeBounds, gpqa_tools
 
 OPEN, CLOSE, STOP = 1, 2, 3
@@ -36,13 +37,18 @@ def call_ids(name: str, arguments: dict, free_text: str = "ok") -> list[int]:
     return [*toks(free_text), OPEN, *toks(body), CLOSE, STOP]
 
 
-def record(turn: int, action_token: int, *, tool="submit", arguments='{"answer":"B"}', reward=0.0):
+def record(turn: int, action_token: int, *, tool="submit", arguments='{"answer":"B"}', score=0.0):
     return ExecutionRecord(
         run="r", step=0, phase="train", question_uid="q7", source="gpqa", sample=2, turn=turn,
         tool=tool, arguments=arguments, action_token=action_token, generation_start=0,
         generated_tokens=0, forced_tokens=2, finish_reason="stop", tool_status="ok",
-        tool_output_sha256="", tool_output_excerpt="", sandboxed=False, score=0.0, reward=reward,
+        tool_output_sha256="", tool_output_excerpt="", sandboxed=False, score=score,
     )  # fmt: skip
+
+
+def tamper(ep: Episode, k: int, **changes) -> None:
+    """Put a changed copy in place of record k (a record itself is never changed)."""
+    ep.records[k] = replace(ep.records[k], **changes)
 
 
 def episode(*calls: tuple[str, dict], prompt: int = 3, bound: int = 200) -> Episode:
@@ -145,8 +151,8 @@ def test_counts_add_to_a_given_report():
 
 def test_violation_rows_name_the_episode_and_the_json_holds_them():
     ep = two_turns()
-    ep.records[1].arguments = '{"answer":"D"}'
-    ep.records[0].finish_reason = "length"
+    tamper(ep, 1, arguments='{"answer":"D"}')
+    tamper(ep, 0, finish_reason="length")
     report = check_episodes([ep], decode, OPEN, CLOSE)
     expected_rows = [
         {
@@ -203,7 +209,7 @@ def test_nothing_after_the_call_close():
     span = ep.generations[0]
     ep.token_ids[span.end - 1] = TEXT + ord("o")  # the stop token is gone: the generation ends on text
     ep.generations[0].end -= 1
-    ep.records[0].action_token = span.end - 3
+    tamper(ep, 0, action_token=span.end - 3)
     assert rows(ep) == [
         ("tokens_after_call", 0, "more than the stop token follows </tool_call>"),
         ("no_stop_token", 0, "finish_reason stop"),
@@ -212,10 +218,10 @@ def test_nothing_after_the_call_close():
 
 def test_the_record_must_name_the_call_it_holds():
     ep = two_turns()
-    ep.records[0].tool = "submit"
+    tamper(ep, 0, tool="submit")
     assert rows(ep) == [("record_differs_from_call", 0, 'record says submit {"code":"print(1)"}')]
     ep = two_turns()
-    ep.records[0].arguments = canonical_json({"code": "x" * 200})
+    tamper(ep, 0, arguments=canonical_json({"code": "x" * 200}))
     assert rows(ep) == [("record_differs_from_call", 0, 'record says python {"code":"' + "x" * 71)]
 
 
@@ -231,7 +237,7 @@ def test_arguments_outside_the_schema():
 
 def test_a_generation_that_ends_without_a_stop_token():
     ep = two_turns()
-    ep.records[1].finish_reason = "length"
+    tamper(ep, 1, finish_reason="length")
     assert rows(ep) == [("no_stop_token", 1, "finish_reason length")]
     ep = two_turns()
     ep.generations[1].stop_ids = frozenset({STOP + 10})
@@ -242,7 +248,7 @@ def test_an_empty_generation_is_no_call_and_no_stop():
     ep = two_turns()
     span = ep.generations[1]
     ep.generations[1] = GenerationSpan(span.start, span.start, TOOLS, 200, frozenset({STOP}))
-    ep.records[1].action_token = span.start
+    tamper(ep, 1, action_token=span.start)
     got = rows(ep)
     assert got[:2] == [
         ("no_single_call", 1, "0 call-open and 0 call-close tokens, expected one each"),
@@ -280,7 +286,7 @@ def test_the_action_token_must_be_sampled_and_inside_its_generation(where):
     else:
         a = span.end - 3
         ep.loss_mask[a] = 0
-    ep.records[1].action_token = a
+    tamper(ep, 1, action_token=a)
     expected = (
         []
         if where == "start"
@@ -292,7 +298,7 @@ def test_the_action_token_must_be_sampled_and_inside_its_generation(where):
 def test_a_sampled_token_outside_the_loss_mask_at_the_generation_start():
     ep = two_turns()
     span = ep.generations[0]
-    ep.records[0].action_token = span.start
+    tamper(ep, 0, action_token=span.start)
     ep.loss_mask[span.start] = 0
     assert rows(ep) == [
         ("action_token_not_sampled", 0, f"action_token {span.start} in [{span.start}, {span.end})")
@@ -308,7 +314,8 @@ def test_the_trajectory_limit_is_inclusive():
 
 def test_rewards_only_on_action_tokens():
     ep = two_turns()
-    ep.records[0].reward, ep.records[1].reward = 0.5, 1.0
+    tamper(ep, 0, score=0.5)
+    tamper(ep, 1, score=1.0)
     assert rows(ep) == []
     stray = [0, 1, 2, 4, 5, 6, 7]
     vector = [1.0 if i in stray else 0.0 for i in range(len(ep.token_ids))]
@@ -326,20 +333,32 @@ def test_rewards_only_on_action_tokens():
 def test_token_rewards_put_each_record_reward_on_its_action_token():
     ep = two_turns()
     a0, a1 = (r.action_token for r in ep.records)
-    ep.records[0].reward, ep.records[1].reward = 1.0, -0.25
+    tamper(ep, 0, score=1.0)
+    tamper(ep, 1, score=-0.25)
     expected = [0.0] * len(ep.token_ids)
     expected[a0], expected[a1] = 1.0, -0.25
     assert token_rewards(ep) == expected
-    ep.records[1].action_token = a0  # two records on one token add up
+    tamper(ep, 1, action_token=a0)  # two records on one token add up
     expected[a0], expected[a1] = 0.75, 0.0
     assert token_rewards(ep) == expected
-    ep.records[0].reward = ep.records[1].reward = 0.0
-    ep.records[0].action_token = len(ep.token_ids) + 5  # a zero reward is placed nowhere
+    tamper(ep, 0, score=0.0, action_token=len(ep.token_ids) + 5)  # a zero reward is placed nowhere
+    tamper(ep, 1, score=0.0)
     assert token_rewards(ep) == [0.0] * len(ep.token_ids)
+
+
+def test_token_rewards_put_each_credit_reward_on_its_records_action_token():
+    ep = two_turns()
+    a0, a1 = (r.action_token for r in ep.records)
+    credits = [Credit(reward=-0.5), Credit(reward=2.0)]
+    expected = [0.0] * len(ep.token_ids)
+    expected[a0], expected[a1] = -0.5, 2.0
+    assert token_rewards(ep, credits) == expected
+    with pytest.raises(ValueError, match="zip"):
+        token_rewards(ep, credits[:1])
 
 
 def test_the_report_of_a_tampered_copy_leaves_the_clean_one_clean():
     clean = two_turns()
     bad = copy.deepcopy(clean)
-    bad.records[0].action_token = 0
+    tamper(bad, 0, action_token=0)
     assert rows(bad) and rows(clean) == []

@@ -18,7 +18,7 @@ from atlas.rl.rewards import (
     shape_episode,
     token_level_rewards,
 )
-from atlas.runtime.records import ExecutionRecord
+from atlas.runtime.records import ExecutionRecord, write_records
 
 
 def record(
@@ -28,7 +28,7 @@ def record(
         run="t", step=0, phase="train", question_uid=uid, source="gpqa", sample=sample, turn=turn,
         tool="submit", arguments="{}", action_token=action_token, generation_start=0,
         generated_tokens=1, forced_tokens=0, finish_reason="stop", tool_status="ok",
-        tool_output_sha256="", tool_output_excerpt="", sandboxed=True, score=score, reward=score,
+        tool_output_sha256="", tool_output_excerpt="", sandboxed=True, score=score,
     )  # fmt: skip
 
 
@@ -175,7 +175,7 @@ def test_placement_errors_name_the_record():
     )
 
 
-# --- PlacedRewards.write_to ---
+# --- PlacedRewards.credits ---
 
 
 def placed(n: int, before: int) -> PlacedRewards:
@@ -188,13 +188,30 @@ def placed(n: int, before: int) -> PlacedRewards:
     )
 
 
-def test_write_to_refuses_another_number_of_records():
+def test_credits_of_another_number_of_records_are_refused(tmp_path):
     with pytest.raises(ValueError) as err:
-        placed(2, 2).write_to([record(0, 1)])
-    assert str(err.value) == "1 records for 2 placed rewards"
+        write_records(tmp_path / "records.parquet", [record(0, 1)], placed(2, 2).credits())
+    assert str(err.value) == "2 credits for 1 records"
 
 
-def test_write_to_refuses_lists_of_different_lengths():
-    recs = [record(0, 1), record(1, 2)]
-    with pytest.raises(ValueError, match="zip"):
-        placed(2, 1).write_to(recs)
+def test_credits_refuse_lists_of_different_lengths():
+    with pytest.raises(ValueError) as err:
+        placed(2, 1).credits()
+    assert str(err.value) == "2 rewards, 1 potentials before, 2 after"
+
+
+# --- shape_episode with the potential's values given ---
+
+
+def test_given_potential_values_are_used_and_checked():
+    ep = all_sampled(4, [record(0, 1), record(1, 3, 1.0)])
+    asked = Fixed([9.0, 9.0])  # what the potential would say: not asked when its values are given
+    placed = shape_episode(ep, asked, gamma=1.0, dose=1.0, phi=[0.5, 0.25])
+    assert placed.potential_before == [0.5, 0.25]
+    assert placed.reward == [-0.25, 0.75]
+    with pytest.raises(ValueError) as err:
+        shape_episode(ep, asked, gamma=1.0, dose=1.0, phi=[0.5])
+    assert str(err.value) == (
+        "potential Fixed(values=[9.0, 9.0]) returned 1 values for an episode with 2 records; "
+        "expected one Phi(s_k) per record"
+    )

@@ -6,6 +6,7 @@ broke. The verl comparison skips where verl is not installed (the project's own 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import math
@@ -65,7 +66,6 @@ def record(turn: int, action_token: int, score: float) -> ExecutionRecord:
         tool_output_excerpt="",
         sandboxed=True,
         score=score,
-        reward=score,
     )
 
 
@@ -192,15 +192,15 @@ def test_rewards_land_exactly_on_action_tokens():
     assert placed.potential_before == [0.4, 0.3]
     assert placed.potential_after == [0.3, 0.0]
 
-    assert [r.reward for r in ep.records] == [0.0, 1.0]  # untouched until written
-    placed.write_to(ep.records)
-    assert [r.reward for r in ep.records] == pytest.approx([-0.1, 0.7])
-    assert [(r.potential_before, r.potential_after) for r in ep.records] == [(0.4, 0.3), (0.3, 0.0)]
+    credits = placed.credits()
+    assert [c.reward for c in credits] == pytest.approx([-0.1, 0.7])
+    assert [(c.potential_before, c.potential_after) for c in credits] == [(0.4, 0.3), (0.3, 0.0)]
+    assert [(c.value, c.advantage) for c in credits] == [(None, None)] * 2  # after GAE
 
-    # The runtime's protocol view of the episode agrees with the placed tensor.
+    # The runtime's protocol view of the episode, given the credits, agrees with the placed tensor.
     from atlas.runtime.protocol import token_rewards
 
-    assert token_rewards(ep) == pytest.approx(placed.token_rewards.tolist())
+    assert token_rewards(ep, credits) == pytest.approx(placed.token_rewards.tolist())
 
 
 def test_zero_potential_rewards_are_the_scores():
@@ -224,7 +224,7 @@ def test_zero_potential_rewards_are_the_scores():
 )
 def test_reward_on_a_masked_token_is_refused(action_token, why):
     ep = two_turn_episode()
-    ep.records[1].action_token = action_token
+    ep.records[1] = dataclasses.replace(ep.records[1], action_token=action_token)
     with pytest.raises(RewardPlacementError, match=why):
         shape_episode(ep, make_potential("zero"), gamma=1.0, dose=1.0)
 

@@ -1,6 +1,7 @@
 """The runtime on the real tiny model: grammar properties under adversarial logits, the naive
 grammar's whitespace loop, episodes whose records point at the right tokens."""
 
+import dataclasses
 import json
 import re
 
@@ -353,7 +354,7 @@ def test_records_point_at_their_tokens(rt, episodes):
         # Everything not generated (prompt, tool responses) has loss-mask 0 and is never sampled.
         assert all(ep.loss_mask[i] == 0 and ep.sampled[i] == 0 for i in range(n) if i not in generated)
         rewards = token_rewards(ep)
-        assert [i for i, r in enumerate(rewards) if r] == [r.action_token for r in ep.records if r.reward]
+        assert [i for i, r in enumerate(rewards) if r] == [r.action_token for r in ep.records if r.score]
         assert sum(rewards) == ep.score == ep.records[-1].score
 
 
@@ -482,11 +483,12 @@ def test_protocol_checks_fire_on_tampered_episodes(rt, episodes):
     assert violations(clean) == []
 
     ep = copy.deepcopy(clean)
-    ep.records[0].arguments = '{"answer":"Z"}'
+    ep.records[0] = dataclasses.replace(ep.records[0], arguments='{"answer":"Z"}')
     assert violations(ep) == ["record_differs_from_call"]
 
     ep = copy.deepcopy(clean)
-    ep.records[0].action_token = ep.generations[0].end - 1  # the stop token: forced, not sampled
+    # the stop token: forced, not sampled
+    ep.records[0] = dataclasses.replace(ep.records[0], action_token=ep.generations[0].end - 1)
     assert violations(ep) == ["action_token_not_sampled"]
 
     ep = copy.deepcopy(clean)

@@ -10,7 +10,6 @@ by the local engine's batched loop, token for token and record for record.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -30,6 +29,7 @@ from atlas.rl.potentials import make_potential, register_potential  # noqa: E402
 from atlas.rl.rewards import RewardPlacementError, shape_episode  # noqa: E402
 from atlas.runtime.episode import EpisodeSpec, run_episodes  # noqa: E402
 from atlas.runtime.inputs import TrainingInputs, read_questions, read_tests  # noqa: E402
+from atlas.runtime.records import record_row  # noqa: E402
 from atlas.runtime.session import load_runtime  # noqa: E402
 from atlas.verl.agent_loop import (  # noqa: E402
     AtlasAgentLoopOutput,
@@ -110,8 +110,6 @@ def played(tmp_path_factory, tiny_model, data_dir):
     local = run_episodes(
         rt, specs, cfg.runtime, cfg.graders, run=RUN, step=STEP, phase="train", seed=cfg.seed
     )
-    for ep in local:  # what the local trainer does next: shaping (zero here) fills the rewards
-        shape_episode(ep, make_potential("zero"), gamma=1.0, dose=1.0).write_to(ep.records)
     return loop, specs, outputs, local, tmp
 
 
@@ -131,8 +129,10 @@ def test_agent_loop_plays_the_local_engines_episode(played):
         assert out.response_mask == ep.sampled[p:]
         assert out.response_logprobs == pytest.approx(ep.logprobs[p:], abs=1e-5)
         records = out.extra_fields["records"]
+        # what the local trainer does next: shaping (zero here) gives each record its credit
+        credits = shape_episode(ep, make_potential("zero"), gamma=1.0, dose=1.0).credits()
         assert [_without_timings(r) for r in records] == [
-            _without_timings(dataclasses.asdict(r)) for r in ep.records
+            _without_timings(record_row(r, c)) for r, c in zip(ep.records, credits, strict=True)
         ]
         assert len(records) >= 1 and records[-1]["tool"] == "submit"
         assert all(r["run"] == RUN and r["step"] == STEP and r["phase"] == "train" for r in records)

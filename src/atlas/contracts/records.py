@@ -1,6 +1,7 @@
 """The rollout files of every run, check and validation folder, as fixed pyarrow schemas.
 
-records.parquet        RECORD_SCHEMA: one ExecutionRecord per generation (atlas.runtime.records)
+records.parquet        RECORD_SCHEMA: one ExecutionRecord per generation with its Credit (reward,
+                       potentials, value, advantage: atlas.runtime.records)
 trajectories.parquet   TRAJECTORY_SCHEMA: one row per episode, its token ids and masks
 """
 

@@ -6,10 +6,12 @@ training job as `torchrun --nproc-per-node N -m atlas.stages.train ...`. Each st
     the step's episodes (questions x responses, in schedule order) are dealt round-robin:
         episode j is rolled out by rank j % N; its seed depends on (question, sample, turn) only,
         so the episodes are the ones one process generates
-    -> episodes, shaped rewards and protocol counts gathered to every rank, in global order
-        (rank 0 journals them; every rank sees the same violations and stops together)
+    -> episodes and protocol counts gathered to every rank, in global order (every rank sees the
+        same violations and stops together)
     -> old log-probs, reference log-probs and values on each rank's own rows, gathered; GAE,
         whitening and the batch's statistics over the global batch, as one process computes them
+    -> each record's credit (reward, potentials, value, advantage) gathered; rank 0 journals the
+        records with them, once, before the update
     -> critic and actor updates through DDP over each role's trainable tensors: a mini-batch is
         the same global rows as on one process, each rank's micro-batches accumulate under
         no_sync and the last one syncs (one all-reduce per optimizer step). A micro-batch's loss
@@ -20,8 +22,9 @@ The trainable tensors start equal (DDP broadcasts them from rank 0) and stay equ
 steps AdamW on the same synced gradient). So rank 0 writes the shared files (journal,
 checkpoints, the run folder) and each checkpoint carries every rank's RNG state.
 
-With N = 1 nothing here talks to other processes: `Ranks()` and `Share` pass through, and
-`atlas.rl.ppo.update` runs with its one-process sync.
+The step itself is atlas.rl.step.ppo_step, the same function for one process and N ranks: it
+takes a `Share` and a `DataParallel`. With N = 1 nothing here talks to other processes: `Ranks()`
+and `Share` pass through, and `atlas.rl.ppo.update` runs with its one-process sync.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -40,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel
 from atlas.config.resources import ResourcesConfig
 from atlas.config.training import PPOConfig
 from atlas.model.policy import ROLES, ActorCritic
-from atlas.rl.ppo import Batch, OneProcess, Prepared, advantages_of, forward_passes, prepare, update
+from atlas.rl.ppo import Batch, OneProcess, Prepared, advantages_of, forward_passes, prepare
 from atlas.runtime.protocol import ProtocolReport
 
 T = TypeVar("T")
@@ -168,17 +171,12 @@ class Share:
         reports = self.ranks.all_gather(report)
         return everything, merge_reports(reports, lambda row: index[(row["question_uid"], row["sample"])])
 
-    def gather_rollout(self, data):
-        """A StepRollout over the global batch (episodes, rewards, report; timings the slowest
-        rank's); its `batch` stays this rank's."""
+    def slowest(self, timings: dict[str, float]) -> dict[str, float]:
+        """Each timing as the slowest rank's."""
         if self.ranks.world == 1:
-            return data
-        episodes, report = self.gather_episodes(data.episodes, data.report)
-        every = self.ranks.all_gather(data.timings)
-        timings = {k: max(t[k] for t in every) for k in data.timings}
-        return replace(
-            data, episodes=episodes, placed=self.gather(data.placed), report=report, timings=timings
-        )
+            return dict(timings)
+        every = self.ranks.all_gather(timings)
+        return {k: max(t[k] for t in every) for k in timings}
 
     def prepare(self, ac: ActorCritic, batch: Batch, ppo: PPOConfig, temperature: float) -> Prepared:
         """This rank's rows of the step's Prepared: passes on the local rows, advantages and
@@ -279,21 +277,3 @@ class StepSync(OneProcess):
             x = x.cuda()
         dist.all_reduce(x)
         return dict(zip(keys, x.tolist(), strict=True))
-
-
-def data_parallel_update(
-    ac: ActorCritic,
-    batch: Batch,
-    optimizers: dict[str, torch.optim.Optimizer],
-    ppo: PPOConfig,
-    *,
-    dp: DataParallel,
-    share: Share,
-    temperature: float = 1.0,
-    schedulers: dict | None = None,
-) -> dict[str, float]:
-    """One data-parallel PPO update from this rank's local batch (the rows `share` deals it):
-    global advantages, then the synced critic and actor updates. What a benchmark drives."""
-    prep = share.prepare(ac, batch, ppo, temperature)
-    sync = dp.step(share, ppo.mini_batches) if share.ranks.world > 1 else None
-    return {**prep.metrics, **update(ac, batch, prep, optimizers, schedulers, ppo, temperature, sync)}

@@ -4,7 +4,7 @@
         fingerprint.json                config slice + input hashes the work below was made with
         step_<k>/                       compact checkpoints (atlas.rl.checkpoint), k = steps done
         journal/step_<k>/               step k's rollouts: records.parquet, trajectories.parquet,
-                                        protocol.json (written before the update), then
+                                        protocol.json (written once, before the update), then
                                         metrics.json, call_advantages.parquet and samples.json
                                         (device readings) after it
         journal/val_<k>/                validation after k steps: records, trajectories,
@@ -105,10 +105,12 @@ def val_dir(root: Path, completed: int) -> Path:
     return root / "journal" / f"val_{completed}"
 
 
-def write_step_rollouts(root: Path, step: int, episodes, report, *, run: str) -> None:
+def write_step_rollouts(root: Path, step: int, episodes, credits, report, *, run: str) -> None:
+    """Step k's records (with their credits: `credits` per episode), trajectories and protocol
+    counts, written once, before the step's update."""
     folder = step_dir(root, step)
     folder.mkdir(parents=True, exist_ok=True)
-    write_rollouts(folder, episodes, report, run=run, step=step, phase="train")
+    write_rollouts(folder, episodes, report, run=run, step=step, phase="train", credits=credits)
 
 
 def write_step_results(

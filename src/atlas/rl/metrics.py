@@ -1,6 +1,6 @@
 """What a training step writes besides its records: the step metrics that come from the episodes,
 and the advantages at the action tokens by turn and tool. Pure functions of the episodes (and,
-for advantages, of the values GAE filled in), shared by the local trainer, the dose step and the
+for advantages, of the records' credits), shared by the local trainer, the dose step and the
 converter of verl's outputs.
 
 step_summary(...)     protocol counts, per-source scores and lengths, under metric names
@@ -15,6 +15,7 @@ from collections import defaultdict
 from atlas.contracts.protocol import PINNED_COUNTS
 from atlas.runtime.episode import Episode
 from atlas.runtime.protocol import ProtocolReport
+from atlas.runtime.records import Credit, ExecutionRecord
 from atlas.runtime.rollouts import SOURCES
 
 
@@ -62,19 +63,28 @@ def _moments(xs: list[float]) -> dict[str, float]:
 
 
 def call_advantages(
-    episodes: list[Episode], *, run: str, step: int, gamma: float, dose: float = 1.0
+    episodes: list[Episode],
+    credits: list[list[Credit]],
+    *,
+    run: str,
+    step: int,
+    gamma: float,
+    dose: float = 1.0,
 ) -> list[dict]:
     """One row per (turn, tool): the advantage at the action tokens of those calls, with the
-    mean reward and the mean potential delta gamma * Phi(s') - Phi(s) (before the dose)."""
-    groups: dict[tuple[int, str], list] = defaultdict(list)
-    for ep in episodes:
-        for rec in ep.records:
-            groups[(rec.turn, rec.tool)].append(rec)
+    mean reward and the mean potential delta gamma * Phi(s') - Phi(s) (before the dose).
+    `credits`: each episode's, in record order."""
+    groups: dict[tuple[int, str], list[tuple[ExecutionRecord, Credit]]] = defaultdict(list)
+    for ep, mine in zip(episodes, credits, strict=True):
+        for rec, credit in zip(ep.records, mine, strict=True):
+            groups[(rec.turn, rec.tool)].append((rec, credit))
     rows = []
-    for (turn, tool), recs in sorted(groups.items()):
+    for (turn, tool), pairs in sorted(groups.items()):
+        n = len(pairs)
+        cs = [c for _, c in pairs]
         # verl's trainer keeps values and advantages to itself (atlas.verl.convert): null there.
-        known = all(r.advantage is not None and r.value is not None for r in recs)
-        adv = _moments([r.advantage for r in recs]) if known else dict.fromkeys(("mean", "std", "min", "max"))
+        known = all(c.advantage is not None and c.value is not None for c in cs)
+        adv = _moments([c.advantage for c in cs]) if known else dict.fromkeys(("mean", "std", "min", "max"))
         rows.append(
             {
                 "run": run,
@@ -82,13 +92,12 @@ def call_advantages(
                 "dose": dose,
                 "turn": turn,
                 "tool": tool,
-                "count": len(recs),
+                "count": n,
                 **{f"advantage_{k}": v for k, v in adv.items()},
-                "value_mean": sum(r.value for r in recs) / len(recs) if known else None,
-                "reward_mean": sum(r.reward for r in recs) / len(recs),
-                "score_mean": sum(r.score for r in recs) / len(recs),
-                "potential_delta_mean": sum(gamma * r.potential_after - r.potential_before for r in recs)
-                / len(recs),
+                "value_mean": sum(c.value for c in cs) / n if known else None,
+                "reward_mean": sum(c.reward for c in cs) / n,
+                "score_mean": sum(r.score for r, _ in pairs) / n,
+                "potential_delta_mean": sum(gamma * c.potential_after - c.potential_before for c in cs) / n,
             }
         )
     return rows

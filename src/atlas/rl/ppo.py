@@ -482,6 +482,7 @@ def ppo_update(
     temperature: float = 1.0,
     schedulers: dict | None = None,
 ) -> dict[str, float]:
-    """prepare + update, for callers that do not look between them."""
+    """prepare + update of one process, for a batch without episodes (a synthetic batch, a
+    benchmark's); a training step from episodes is atlas.rl.step.ppo_step."""
     prep = prepare(ac, batch, ppo, temperature)
     return {**prep.metrics, **update(ac, batch, prep, optimizers, schedulers, ppo, temperature)}

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from atlas.rl.potentials import EpisodeLike, Potential, checked_phi, evaluate_potential
+from atlas.runtime.records import Credit
 
 if TYPE_CHECKING:
     from atlas.runtime.records import ExecutionRecord
@@ -87,14 +88,20 @@ class PlacedRewards:
     potential_before: list[float]  # per record: Phi(s_k)
     potential_after: list[float]  # per record: Phi(s_{k+1}), 0 after the last record
 
-    def write_to(self, records: Sequence[ExecutionRecord]) -> None:
-        """Fill the records' reward, potential_before and potential_after columns."""
-        if len(records) != len(self.reward):
-            raise ValueError(f"{len(records)} records for {len(self.reward)} placed rewards")
-        for rec, reward, before, after in zip(
-            records, self.reward, self.potential_before, self.potential_after, strict=True
-        ):
-            rec.reward, rec.potential_before, rec.potential_after = reward, before, after
+    def credits(self) -> list[Credit]:
+        """Each record's credit: its reward and potentials (value and advantage come after GAE).
+        The records stay as the runtime wrote them."""
+        if not len(self.reward) == len(self.potential_before) == len(self.potential_after):
+            raise ValueError(
+                f"{len(self.reward)} rewards, {len(self.potential_before)} potentials before, "
+                f"{len(self.potential_after)} after"
+            )
+        return [
+            Credit(reward=reward, potential_before=before, potential_after=after)
+            for reward, before, after in zip(
+                self.reward, self.potential_before, self.potential_after, strict=True
+            )
+        ]
 
 
 def token_level_rewards(
@@ -160,7 +167,8 @@ def shape_episode(
     `phi`: the potential's values for this episode, already computed (atlas.rl.potentials.
     evaluate_potentials, many episodes at once); by default the potential is asked here.
 
-    The records are not changed; call `.write_to(episode.records)` on the result to fill them.
+    The records are never changed: `.credits()` of the result gives each record's reward and
+    potentials.
     """
     phi = evaluate_potential(potential, episode) if phi is None else checked_phi(potential, episode, phi)
     F = shaping_terms(phi, gamma, dose)

@@ -1,18 +1,21 @@
 """One PPO training step and what it needs: the session (policy, potential, optimizers, runtime,
 data) built from a run's config slice and the files it reads.
 
-`train_step(sess, k)` takes the schedule's questions for step k and does DESIGN.md's training step:
+`ppo_step(...)` is DESIGN.md's training step from finished episodes, written once:
 
-    G episodes per question with the actor (grammar-constrained, real tools and graders)
-    -> rewards from the records, + dose * (gamma * Phi(s') - Phi(s)) on each action token
-    -> protocol check; records journaled                      (before any update uses them)
-    -> old log-probs under replayed masks, reference, values, GAE; records get value/advantage
+    rewards from the records, + dose * (gamma * Phi(s') - Phi(s)) on each action token
+    -> protocol check, trajectory tensors
+    -> old log-probs under replayed masks, reference, values, GAE; each record's Credit
+    -> records journaled, once                                (before any update uses them)
     -> critic update, actor update
-    -> step metrics, call advantages
+    -> step metrics
 
-The stage that loops over the steps (wandb, validation, checkpoints, resume) is atlas.stages.train;
-the checks stage reruns steps from checkpoints through the same function. With more than one rank
-(atlas.rl.distributed) each rank rolls out its share of the step and the update is data-parallel.
+`train_step(sess, k)` rolls out the schedule's questions for step k (G episodes per question
+with the actor: grammar-constrained, real tools and graders) and runs `ppo_step` on them; the
+dose step runs `ppo_step` on one rollout at several doses. The stage that loops over the steps
+(wandb, validation, checkpoints, resume) is atlas.stages.train; the checks stage reruns steps
+from checkpoints through the same function. With more than one rank (atlas.rl.distributed) each
+rank rolls out its share of the step and the update is data-parallel.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import json
 import logging
 import random
 import resource
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,17 +41,14 @@ from atlas.rl import journal
 from atlas.rl.distributed import DataParallel, Ranks, Share
 from atlas.rl.metrics import rollout_throughput, step_summary
 from atlas.rl.potentials import Potential, make_potential
-from atlas.rl.ppo import make_optimizers, make_schedulers, update
-from atlas.rl.rollout import (
-    StepRollout,
-    collect,
-    fill_records,
-    step_questions,
-)
+from atlas.rl.ppo import make_batch, make_optimizers, make_schedulers, update
+from atlas.rl.replay import ReplayedMasks, replay_masks
+from atlas.rl.rollout import StepRollout, credits_of, rollout_timings, shape, step_questions
 from atlas.rl.serving import build_policy, rollout_runtime
 from atlas.rl.snapshot import CriticSnapshotPotential  # noqa: F401  (registers critic_snapshot)
+from atlas.runtime.episode import Episode
 from atlas.runtime.inputs import TrainingInputs, read_questions, read_tests, smoke_slice
-from atlas.runtime.rollouts import episode_specs
+from atlas.runtime.rollouts import check_protocol, episode_specs, rollout
 from atlas.runtime.session import Runtime
 
 logger = logging.getLogger(__name__)
@@ -153,53 +155,98 @@ def open_session(sl: TrainSlice, inputs: TrainingInputs, ranks: Ranks | None = N
     )
 
 
+def ppo_step(
+    rt: Runtime,
+    ac: ActorCritic,
+    episodes: list[Episode],
+    potential: Potential,
+    ppo: PPOConfig,
+    runtime: RuntimeConfig,
+    optimizers: dict,
+    *,
+    dose: float,
+    schedulers: dict | None = None,
+    share: Share | None = None,
+    dp: DataParallel | None = None,
+    phis: list[list[float]] | None = None,
+    masks: list[ReplayedMasks] | None = None,
+    timings: dict[str, float] | None = None,
+    journal_rollouts: Callable[[StepRollout], None] | None = None,
+    where: str = "step",
+) -> tuple[StepRollout, dict[str, float]]:
+    """One PPO step on this rank's finished `episodes` (`share`: this rank's rows of the global
+    batch; none: one process). Returns the global batch's StepRollout and the step's metrics.
+
+    `journal_rollouts(data)` gets the records of the global batch with their credits exactly once,
+    before the update uses them; a batch with protocol violations is journaled without values and
+    advantages, and the step stops there. `phis` and `masks`: the potential's values and the
+    replayed grammar masks per episode, when already computed (the dose step's, shared by its
+    doses); when the step evaluates the potential itself its seconds are timing_s/potential.
+    `timings`: the rollout's, reported with the step's as the slowest rank's."""
+    share = share or Share(Ranks(), len(episodes))
+    t = time.perf_counter()
+    placed = shape(episodes, potential, gamma=ppo.gamma, dose=dose, phis=phis)
+    timings = dict(timings or {})
+    if phis is None:
+        timings["timing_s/potential"] = time.perf_counter() - t
+    report = check_protocol(rt, episodes, runtime, placed)
+    if masks is None:
+        masks = [replay_masks(ep, rt) for ep in episodes]
+    device = next(rt.model.parameters()).device
+    batch = make_batch(episodes, [p.token_rewards for p in placed], masks, rt.tokenizer.pad_token_id, device)
+    everyone, report = share.gather_episodes(episodes, report)
+    if report.violations:
+        if journal_rollouts is not None:
+            journal_rollouts(StepRollout(everyone, share.gather(credits_of(episodes, placed)), report))
+        raise SystemExit(f"{where}: {report.violations} protocol violations")
+    prep = share.prepare(ac, batch, ppo, runtime.temperature)
+    data = StepRollout(everyone, share.gather(credits_of(episodes, placed, prep)), report)
+    if journal_rollouts is not None:
+        journal_rollouts(data)
+    metrics = {**share.slowest(timings), **prep.metrics}
+    sync = dp.step(share, ppo.mini_batches) if dp is not None else None
+    metrics.update(update(ac, batch, prep, optimizers, schedulers, ppo, runtime.temperature, sync))
+    metrics.update(step_summary(data.episodes, data.report))
+    return data, metrics
+
+
 def train_step(sess: Session, step: int, journal_rollouts=None) -> tuple[StepRollout, dict[str, float]]:
-    """One PPO step on the schedule's step `step`. `journal_rollouts(data)` is called with the
-    records before the update, twice: as rolled out and shaped, then with values and advantages."""
+    """One PPO step on the schedule's step `step`: this rank's share of the step's episodes
+    rolled out, then `ppo_step`. `journal_rollouts(data)` is called once, with the records and
+    their credits, before the update."""
     specs = episode_specs(
         step_questions(sess.train_rows, step), sess.tests, sess.training.responses_per_question
     )
     sess.sync_rollout_model()
-    share = Share(sess.ranks, len(specs))  # each rank rolls out its share; `whole` is all of them
-    specs = share.mine(specs)
-    data = collect(
+    share = Share(sess.ranks, len(specs))  # each rank rolls out its share; the step gathers them
+    t = time.perf_counter()
+    episodes = rollout(
         sess.rt,
-        specs,
+        share.mine(specs),
         sess.runtime,
         sess.graders,
-        sess.potential,
-        gamma=sess.ppo.gamma,
-        dose=sess.run_cfg.dose,
         run=sess.name,
         step=step,
+        phase="train",
         seed=sess.seed,
         progress=lambda m: logger.info("%s: step %d: %s", sess.name, step, m),
     )
-    whole = share.gather_rollout(data)
-    if journal_rollouts is not None:
-        journal_rollouts(whole)
-    if whole.report.violations:
-        raise SystemExit(f"{sess.name} step {step}: {whole.report.violations} protocol violations")
-    prep = share.prepare(sess.ac, data.batch, sess.ppo, sess.runtime.temperature)
-    fill_records(data.episodes, prep)
-    whole = share.gather_rollout(data)
-    if journal_rollouts is not None:
-        journal_rollouts(whole)
-    metrics = {**whole.timings, **prep.metrics}
-    sync = sess.dp.step(share, sess.ppo.mini_batches) if sess.dp is not None else None
-    metrics.update(
-        update(
-            sess.ac,
-            data.batch,
-            prep,
-            sess.optimizers,
-            sess.schedulers,
-            sess.ppo,
-            sess.runtime.temperature,
-            sync,
-        )
+    data, metrics = ppo_step(
+        sess.rt,
+        sess.ac,
+        episodes,
+        sess.potential,
+        sess.ppo,
+        sess.runtime,
+        sess.optimizers,
+        dose=sess.run_cfg.dose,
+        schedulers=sess.schedulers,
+        share=share,
+        dp=sess.dp,
+        timings=rollout_timings(episodes, time.perf_counter() - t),
+        journal_rollouts=journal_rollouts,
+        where=f"{sess.name} step {step}",
     )
-    metrics.update(step_summary(whole.episodes, whole.report))
-    metrics.update(rollout_throughput(whole.episodes, whole.timings["timing_s/gen"]))
+    metrics.update(rollout_throughput(data.episodes, metrics["timing_s/gen"]))
     metrics["training/global_step"] = float(step + 1)
-    return whole, metrics
+    return data, metrics

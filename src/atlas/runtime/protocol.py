@@ -70,12 +70,18 @@ class ProtocolReport:
         return out
 
 
-def token_rewards(episode) -> list[float]:
-    """The per-token reward vector of an episode: each record's reward on its action token."""
+def token_rewards(episode, credits=None) -> list[float]:
+    """The per-token reward vector of an episode: each record's reward on its action token. The
+    reward is the record's credit's (`credits`, in record order: atlas.runtime.records.Credit),
+    or without credits its score (a record no training step shaped)."""
     rewards = [0.0] * len(episode.token_ids)
-    for r in episode.records:
-        if r.reward != 0.0:
-            rewards[r.action_token] += r.reward
+    if credits is None:
+        values = [r.score for r in episode.records]
+    else:
+        values = [c.reward for c in credits]
+    for r, reward in zip(episode.records, values, strict=True):
+        if reward != 0.0:
+            rewards[r.action_token] += reward
     return rewards
 
 
@@ -90,7 +96,7 @@ def check_episodes(
     rewards_of=None,
 ) -> ProtocolReport:
     """Count the invariants over `episodes` into `report` (a new one by default). `rewards_of(ep)`
-    gives the per-token reward vector an update will use; without it, the records' placement."""
+    gives the per-token reward vector an update will use; without it, the records' scores."""
     report = report or ProtocolReport()
     for ep in episodes:
         report.episodes += 1
@@ -133,7 +139,7 @@ def check_episodes(
                 )
         if max_trajectory_tokens is not None and len(ep.token_ids) > max_trajectory_tokens:
             report.add("over_trajectory_limit", ep, None, f"{len(ep.token_ids)} > {max_trajectory_tokens}")
-        # The reward vector the update uses (given by training), or the records' own placement.
+        # The reward vector the update uses (given by training), or the records' scores.
         rewards = rewards_of(ep) if rewards_of is not None else token_rewards(ep)
         action_tokens = {r.action_token for r in ep.records}
         stray = [i for i, x in enumerate(rewards) if x != 0.0 and i not in action_tokens]

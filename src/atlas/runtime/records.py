@@ -1,16 +1,25 @@
-"""ExecutionRecord: one typed record per generation, written with the fixed pyarrow schema of
-atlas.contracts.records (its fields are the schema's columns, in order).
+"""ExecutionRecord: one typed record per generation, written once by the runtime and never
+changed; and Credit, what training assigns to a record. A row of records.parquet (the fixed
+pyarrow schema of atlas.contracts.records) is a record's columns with its credit's.
 
 A record is written for every generation, before any update uses it. Reward is scored only from
 the record (its tool, arguments and tool result) and is placed on the record's `action_token`:
 the position, in the episode's trajectory, of the generation's last sampled token (every token
 after it is forced by the grammar, so it is the token that completed the call).
+
+Who writes what:
+    ExecutionRecord   the runtime (atlas.runtime.episode.record_turn), frozen once written
+    Credit            reward shaping (reward, potentials: atlas.rl.rewards), then GAE (value,
+                      advantage: atlas.rl.rollout.credits_of), each a new frozen value; a record
+                      without one (validation, smoke, boundary) is written with reward = score
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,7 +28,7 @@ from atlas.contracts.records import RECORD_SCHEMA
 from atlas.hashing import atomic_path
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExecutionRecord:
     run: str
     step: int
@@ -40,24 +49,58 @@ class ExecutionRecord:
     tool_output_excerpt: str  # capped to runtime.tool_output_chars
     sandboxed: bool  # the tool's program (if any) ran inside the bubblewrap sandbox
     score: float  # from the record alone: graded submissions; 0 for other calls
-    reward: float  # placed on action_token: score (+ shaping from the training stage)
-    potential_before: float | None = None
-    potential_after: float | None = None
-    value: float | None = None  # critic value at action_token, filled by training
-    advantage: float | None = None  # advantage at action_token, filled after GAE
     timing_s_generate: float = 0.0  # measured; excluded from comparisons and hashes of results
     timing_s_tool: float = 0.0
 
 
-assert [f.name.replace("timing_s/", "timing_s_") for f in RECORD_SCHEMA] == [
-    f.name for f in fields(ExecutionRecord)
-]
+@dataclass(frozen=True)
+class Credit:
+    """What training assigns to one record, kept beside it: credit k of an episode is record k's."""
+
+    reward: float  # placed on the record's action_token: score + shaping
+    potential_before: float | None = None  # Phi(s_k)
+    potential_after: float | None = None  # Phi(s_{k+1}), 0 after the last record
+    value: float | None = None  # critic value at action_token, after the forward passes
+    advantage: float | None = None  # advantage at action_token, after GAE
+
+    @classmethod
+    def unshaped(cls, record: ExecutionRecord) -> Credit:
+        """A record that no training step shaped: its reward is its score."""
+        return cls(reward=record.score)
 
 
-def write_records(path: str | Path, records: list[ExecutionRecord]) -> None:
+# records.parquet's columns as field names (timing_s/generate -> timing_s_generate), in order.
+COLUMNS = [f.name.replace("timing_s/", "timing_s_") for f in RECORD_SCHEMA]
+_RECORD_FIELDS = [f.name for f in fields(ExecutionRecord)]
+_CREDIT_FIELDS = [f.name for f in fields(Credit)]
+assert sorted(COLUMNS) == sorted(_RECORD_FIELDS + _CREDIT_FIELDS), "records.parquet columns"
+
+
+def record_row(record: ExecutionRecord, credit: Credit | None = None) -> dict[str, Any]:
+    """One row of records.parquet by field name, in column order: the record and its credit
+    (none: reward = score)."""
+    values = {**asdict(record), **asdict(credit or Credit.unshaped(record))}
+    return {name: values[name] for name in COLUMNS}
+
+
+def split_row(row: dict[str, Any]) -> tuple[ExecutionRecord, Credit]:
+    """A row by field name (as record_row gives it) back into its record and credit."""
+    return (
+        ExecutionRecord(**{k: row[k] for k in _RECORD_FIELDS}),
+        Credit(**{k: row[k] for k in _CREDIT_FIELDS}),
+    )
+
+
+def write_records(
+    path: str | Path, records: Sequence[ExecutionRecord], credits: Sequence[Credit] | None = None
+) -> None:
+    """records.parquet: each record with its credit (`credits` in the records' order; none: every
+    reward is its record's score)."""
+    if credits is not None and len(credits) != len(records):
+        raise ValueError(f"{len(credits)} credits for {len(records)} records")
     rows = []
-    for r in records:
-        row = asdict(r)
+    for k, r in enumerate(records):
+        row = record_row(r, None if credits is None else credits[k])
         row["timing_s/generate"] = row.pop("timing_s_generate")
         row["timing_s/tool"] = row.pop("timing_s_tool")
         rows.append(row)

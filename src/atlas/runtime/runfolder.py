@@ -12,7 +12,7 @@ from atlas.contracts.records import TRAJECTORY_SCHEMA
 from atlas.hashing import atomic_dir, atomic_path, atomic_write_json, write_manifest
 from atlas.runtime.inputs import RolloutInputs
 from atlas.runtime.protocol import ProtocolReport
-from atlas.runtime.records import write_records
+from atlas.runtime.records import Credit, write_records
 
 
 def trajectory_row(ep, *, run: str, step: int, phase: str) -> dict:
@@ -36,10 +36,23 @@ def trajectory_row(ep, *, run: str, step: int, phase: str) -> dict:
 
 
 def write_rollouts(
-    folder: str | Path, episodes, report: ProtocolReport, *, run: str, step: int, phase: str
+    folder: str | Path,
+    episodes,
+    report: ProtocolReport,
+    *,
+    run: str,
+    step: int,
+    phase: str,
+    credits: list[list[Credit]] | None = None,
 ) -> None:
+    """records.parquet (each record with its credit: `credits` per episode, in record order;
+    none: reward = score), trajectories.parquet and protocol.json of `episodes`."""
     folder = Path(folder)
-    write_records(folder / "records.parquet", [r for ep in episodes for r in ep.records])
+    records = [r for ep in episodes for r in ep.records]
+    if credits is not None and len(credits) != len(episodes):
+        raise ValueError(f"credits for {len(credits)} episodes, {len(episodes)} episodes")
+    flat = None if credits is None else [c for mine in credits for c in mine]
+    write_records(folder / "records.parquet", records, flat)
     rows = [trajectory_row(ep, run=run, step=step, phase=phase) for ep in episodes]
     with atomic_path(folder / "trajectories.parquet") as tmp:
         pq.write_table(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), tmp, compression="zstd")

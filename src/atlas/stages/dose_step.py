@@ -2,11 +2,13 @@
 
 The rollouts of schedule step 0 are made once, with the initial policy, sampled as the trainer
 samples (atlas.rl.serving.rollout_runtime: the merged serving copy on a GPU). For each dose d the
-policy and optimizers are reset to that start, the records are shaped with
-dose d * (gamma * Phi(s') - Phi(s)) (Phi: the frozen critic snapshot by default), and one update
-runs. Because the shaping telescopes, every episode's shaped return (sum_k gamma^k reward_k over
-its records) must differ from its dose-0 return by exactly -d * Phi(s_0); dose_step.json holds that
+policy and optimizers are reset to that start and the trainer's step (atlas.rl.step.ppo_step)
+runs on those rollouts with dose d * (gamma * Phi(s') - Phi(s)) (Phi: the frozen critic snapshot
+by default). The records stay as the runtime wrote them; each dose gives them its own credits.
+Because the shaping telescopes, every episode's shaped return (sum_k gamma^k reward_k over its
+records) must differ from its dose-0 return by exactly -d * Phi(s_0); dose_step.json holds that
 check per dose and episode, and the change of the call advantage (by turn and tool) per dose.
+records.parquet holds each dose's rows under the run name dose_step/dose=<d>.
 
     python -m atlas.stages.dose_step --config-slice '{...}' --train results/data/train.parquet \
         --val results/data/val.parquet --tests results/data/tests.parquet \
@@ -15,7 +17,7 @@ check per dose and episode, and the change of the call advantage (by turn and to
 
 from __future__ import annotations
 
-import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,16 +30,16 @@ from atlas.contracts.records import TRAJECTORY_SCHEMA
 from atlas.graders.sandbox import require_sandbox
 from atlas.hashing import atomic_dir, atomic_write_json, write_manifest
 from atlas.model.policy import ROLES
-from atlas.rl.metrics import call_advantages, step_summary
+from atlas.rl.metrics import call_advantages
 from atlas.rl.potentials import evaluate_potentials
-from atlas.rl.ppo import make_batch, make_optimizers, prepare, update
+from atlas.rl.ppo import make_optimizers
 from atlas.rl.replay import replay_masks
-from atlas.rl.rollout import fill_records, shape, step_questions
+from atlas.rl.rollout import step_questions
 from atlas.rl.serving import build_policy, rollout_runtime
-from atlas.rl.step import build_potential
+from atlas.rl.step import build_potential, ppo_step
 from atlas.runtime.inputs import TrainingInputs, read_questions, read_tests
 from atlas.runtime.records import write_records
-from atlas.runtime.rollouts import check_protocol, episode_specs, rollout
+from atlas.runtime.rollouts import episode_specs, rollout
 from atlas.runtime.runfolder import trajectory_row
 from atlas.stage import code_files, log, rollout_parser, run
 
@@ -46,8 +48,9 @@ MODULE = "atlas.stages.dose_step"
 TOLERANCE = 1e-9  # float64 sums of a handful of terms: only rounding separates the two sides
 
 
-def shaped_return(records, gamma: float) -> float:
-    return sum(gamma**k * r.reward for k, r in enumerate(records))
+def shaped_return(credits, gamma: float) -> float:
+    """sum_k gamma^k reward_k over an episode's records (their credits, in order)."""
+    return sum(gamma**k * c.reward for k, c in enumerate(credits))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,29 +88,30 @@ def main(argv: list[str] | None = None) -> None:
     masks = [replay_masks(ep, rt) for ep in episodes]
     phis = evaluate_potentials(potential, episodes)  # the frozen Phi: the same at every dose
 
-    per_dose, records, calls, metrics_rows = [], [], [], []
+    per_dose, records, credits, calls, metrics_rows = [], [], [], [], []
     base_returns: list[float] | None = None
     for dose in dose_cfg.doses:
         with torch.no_grad():  # the same start for every dose
             for role in ROLES:
                 for n, t in ac.trainable(role).items():
                     t.copy_(start[role][n])
-        eps = copy.deepcopy(episodes)
-        placed = shape(eps, potential, gamma=ppo.gamma, dose=dose, phis=phis)
-        report = check_protocol(rt, eps, runtime, placed)
-        batch = make_batch(
-            eps, [x.token_rewards for x in placed], masks, tokenizer.pad_token_id, resources.device
+        data, metrics = ppo_step(
+            rt,
+            ac,
+            episodes,
+            potential,
+            ppo,
+            runtime,
+            make_optimizers(ac, ppo),
+            dose=dose,
+            phis=phis,
+            masks=masks,
+            where=f"{RUN} dose {dose}",
         )
-        prep = prepare(ac, batch, ppo, runtime.temperature)
-        fill_records(eps, prep)
-        metrics = {
-            **prep.metrics,
-            **update(ac, batch, prep, make_optimizers(ac, ppo), None, ppo, runtime.temperature),
-        }
-        metrics.update(step_summary(eps, report))
+        report = data.report
 
-        returns = [shaped_return(ep.records, ppo.gamma) for ep in eps]
-        phi0 = [ep.records[0].potential_before for ep in eps]
+        returns = [shaped_return(c, ppo.gamma) for c in data.credits]
+        phi0 = [c[0].potential_before for c in data.credits]
         base_returns = returns if base_returns is None else base_returns
         residuals = [r - b + dose * f for r, b, f in zip(returns, base_returns, phi0, strict=True)]
         worst = max(abs(x) for x in residuals)
@@ -115,11 +119,9 @@ def main(argv: list[str] | None = None) -> None:
         if report.violations or worst > TOLERANCE:
             raise SystemExit(f"dose {dose}: {report.violations} violations, telescoping residual {worst}")
         name = f"{RUN}/dose={dose}"
-        for ep in eps:
-            for rec in ep.records:
-                rec.run = name
-        records.extend(r for ep in eps for r in ep.records)
-        dose_calls = call_advantages(eps, run=RUN, step=0, gamma=ppo.gamma, dose=dose)
+        records.extend(replace(r, run=name) for ep in data.episodes for r in ep.records)
+        credits.extend(c for mine in data.credits for c in mine)
+        dose_calls = call_advantages(data.episodes, data.credits, run=RUN, step=0, gamma=ppo.gamma, dose=dose)
         calls.extend(dose_calls)
         metrics_rows.append({"run": RUN, "step": 0, "dose": dose, **metrics})
         per_dose.append(
@@ -135,7 +137,9 @@ def main(argv: list[str] | None = None) -> None:
                         "return_at_dose_0": b,
                         "residual": x,
                     }
-                    for ep, f, r, b, x in zip(eps, phi0, returns, base_returns, residuals, strict=True)
+                    for ep, f, r, b, x in zip(
+                        data.episodes, phi0, returns, base_returns, residuals, strict=True
+                    )
                 ],
                 "max_abs_residual": worst,
                 "call_advantage": dose_calls,
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             c["advantage_mean_change"] = c["advantage_mean"] - zero[(c["turn"], c["tool"])]
 
     with atomic_dir(args.out) as tmp:
-        write_records(tmp / "records.parquet", records)
+        write_records(tmp / "records.parquet", records, credits)
         rows = [trajectory_row(ep, run=RUN, step=0, phase="train") for ep in episodes]
         pq.write_table(pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA), tmp / "trajectories.parquet")
         runs.table(calls, runs.DOSE_CALL_ADVANTAGES_SCHEMA, "dose step call advantages").write_parquet(

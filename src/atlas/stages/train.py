@@ -1,7 +1,7 @@
 """Training stage: PPO with a LoRA actor and critic on the ordered schedule, for one run.
 
 One run is the training smoke or an arm of the study (runs.<name> in the config). Each
-step is atlas.rl.step.train_step; around it this stage journals the records before the update,
+step is atlas.rl.step.train_step; around it this stage journals the records once, before the update,
 validates every k steps, saves compact checkpoints, logs to wandb and assembles the run folder.
 
 With resume_mode auto a rerun continues after the latest complete checkpoint of the same config
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
 
         def journal_rollouts(data, step=step):
             if ranks.main:
-                journal.write_step_rollouts(root, step, data.episodes, data.report, run=name)
+                journal.write_step_rollouts(root, step, data.episodes, data.credits, data.report, run=name)
 
         data, metrics = train_step(sess, step, journal_rollouts)
         done = step + 1
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         metrics.update(peak_memory())
         if ranks.main:  # the step's journal is whole before its checkpoint exists: a resume needs it
             calls = call_advantages(
-                data.episodes, run=name, step=step, gamma=sess.ppo.gamma, dose=sess.run_cfg.dose
+                data.episodes, data.credits, run=name, step=step, gamma=sess.ppo.gamma, dose=sess.run_cfg.dose
             )
             journal.write_step_results(root, step, metrics, calls, sampler.take())
         if done in checkpoint_points(steps, training.checkpoint_every):

@@ -1,8 +1,8 @@
 """The verl agent loop: one episode of the sequential tool runtime per verl sample.
 
 verl's V1 trainer hands each sample (a question row of the dataset the launcher wrote) to
-`AtlasToolAgentLoop.run`, which plays the episode with the same per-turn steps as the local engine
-(atlas.runtime.episode: begin_turn, take_generation, run_tool, record_turn):
+`AtlasToolAgentLoop.run`, which drives the episode through the same turn loop as the local engines
+(atlas.runtime.episode.play), answering its requests for generations and tool results:
 
     turn t: the runtime's grammar for the offered tools -> vLLM, as a structured-output structural
             tag in that call's sampling_params (the tag `CallGrammars` built, never a second copy)
@@ -10,7 +10,8 @@ verl's V1 trainer hands each sample (a question row of the dataset the launcher 
                and a token is forced (sampled 0) where the grammar admitted exactly one
             -> parse the call by token id -> run the tool through the same tools and graders
             -> one ExecutionRecord
-    end:    potential shaping (the same potential code) -> reward on each record's action token
+    end:    potential shaping (the same potential code) -> each record's Credit: its reward on its
+            action token (the records themselves are never changed)
 
 What goes back to verl (`AtlasAgentLoopOutput`):
     response_mask  1 = sampled by the policy; 0 = tool output, and tokens the grammar forced. It is
@@ -19,7 +20,8 @@ What goes back to verl (`AtlasAgentLoopOutput`):
     rm_scores      record k's reward on its action token (a sampled token, so GAE keeps it); verl's
                    default puts one scalar on the last token instead. Built in `as_dict`, which the
                    V1 trainer's TransferQueue path calls; the legacy (use_v1=False) path ignores it.
-    extra_fields   {"records": one dict per ExecutionRecord, "min_global_steps"/"max_global_steps": the
+    extra_fields   {"records": one records.parquet row per ExecutionRecord and its Credit
+                   (atlas.runtime.records.record_row), "min_global_steps"/"max_global_steps": the
                    oldest and newest weight versions the episode's turns were generated with}. verl's
                    V1 post-process tags each sample with these two, and its step metrics read them as
                    integers (trainer_base._compute_metrics); without them verl stops after step 1.
@@ -37,7 +39,7 @@ import asyncio
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +57,16 @@ from atlas.runtime.engine import Generation
 from atlas.runtime.episode import (
     Episode,
     EpisodeSpec,
-    begin_turn,
+    NeedGeneration,
     episode_seed,
-    record_turn,
+    play,
     run_tool,
     start_episode,
-    take_generation,
 )
 from atlas.runtime.grammar import CompiledCall
 from atlas.runtime.inputs import read_questions, read_tests
 from atlas.runtime.protocol import ProtocolReport, check_episodes
+from atlas.runtime.records import Credit, record_row
 from atlas.runtime.runfolder import trajectory_row
 from atlas.runtime.session import Runtime, tool_runtime
 from atlas.runtime.tools import CodeBounds
@@ -297,19 +299,22 @@ def mask_rows(ep: Episode, masks: list[bytes]) -> tuple[list[bytes], list[int]]:
     return list(rows), index
 
 
+def episode_credits(ep: Episode, setup: LoopSetup, phase: str) -> list[Credit]:
+    """Each record's credit: shaped rewards in training; in validation the rewards are the scores."""
+    if phase != "train":
+        return [Credit.unshaped(r) for r in ep.records]
+    run = setup.cfg.run
+    return shape_episode(ep, setup.potential, gamma=setup.cfg.training.ppo.gamma, dose=run.dose).credits()
+
+
 def episode_output(
     ep: Episode,
-    setup: LoopSetup,
-    phase: str,
+    credits: list[Credit],
     metrics: AgentLoopMetrics,
     versions: dict[str, int],
     masks: list[bytes],
 ) -> AtlasAgentLoopOutput:
-    """Shape rewards (train only; validation rewards are the scores), and build verl's output."""
-    run = setup.cfg.run
-    if phase == "train":
-        placed = shape_episode(ep, setup.potential, gamma=setup.cfg.training.ppo.gamma, dose=run.dose)
-        placed.write_to(ep.records)
+    """verl's output: the trajectory, and each record's reward on its action token."""
     p = ep.prompt_tokens
     table, index = mask_rows(ep, masks)
     return AtlasAgentLoopOutput(
@@ -317,19 +322,28 @@ def episode_output(
         response_ids=ep.token_ids[p:],
         response_mask=ep.sampled[p:],
         response_logprobs=ep.logprobs[p:],
-        reward_score=sum(r.reward for r in ep.records),
+        reward_score=sum(c.reward for c in credits),
         num_turns=2 * len(ep.records) + 1,  # user, then an assistant and a tool message per call
         metrics=metrics,
-        extra_fields={"records": [asdict(r) for r in ep.records], **versions},
+        extra_fields={"records": record_rows(ep, credits), **versions},
         action_positions=[r.action_token - p for r in ep.records],
-        action_rewards=[r.reward for r in ep.records],
+        action_rewards=[c.reward for c in credits],
         mask_table=table,
         mask_index=index,
     )
 
 
+def record_rows(ep: Episode, credits: list[Credit]) -> list[dict[str, Any]]:
+    return [record_row(r, c) for r, c in zip(ep.records, credits, strict=True)]
+
+
 def write_episode(
-    ep: Episode, setup: LoopSetup, phase: str, global_step: int, report: ProtocolReport
+    ep: Episode,
+    credits: list[Credit],
+    setup: LoopSetup,
+    phase: str,
+    global_step: int,
+    report: ProtocolReport,
 ) -> Path:
     """The episode's records, trajectory and protocol counts, one JSON file, written before any
     update uses them (atlas.verl.convert reads it back)."""
@@ -339,7 +353,7 @@ def write_episode(
     path = folder / f"{uid.replace(':', '_')}__{ep.sample}.json"
     body = {
         **trajectory_row(ep, run=setup.run, step=global_step, phase=phase),
-        "records": [asdict(r) for r in ep.records],
+        "records": record_rows(ep, credits),
         "protocol": report.to_json(),
     }
     with atomic_path(path) as tmp:
@@ -402,36 +416,35 @@ class AtlasToolAgentLoop(AgentLoopBase):
         metrics = AgentLoopMetrics()
         turn_fields: list[dict[str, Any]] = []
         masks: list[bytes] = []
-        for turn in range(cfg.max_turns):
-            offered = begin_turn(ep, rt, turn, cfg)
-            if offered is None:
+        loop, answer = play(ep, rt, cfg, run=setup.run, step=step, phase=phase), None
+        while True:
+            try:
+                need = loop.send(answer)
+            except StopIteration:
                 break
-            call = rt.grammars.get(offered)
-            params = {
-                **sampling_params,
-                "max_tokens": cfg.max_generation_tokens,
-                "logprobs": True,
-                "seed": episode_seed(setup.cfg.seed, setup.run, step, uid, sample, turn),
-                "structured_outputs": structured_outputs(call.tag_json),
-            }
-            t0 = time.perf_counter()
-            out = await self.server_manager.generate(
-                f"{uid}-{phase}-{step}-{sample}", prompt_ids=list(ep.token_ids), sampling_params=params
-            )
-            gen_s = time.perf_counter() - t0
-            turn_fields.append(dict(out.extra_fields or {}))
-            gen = replay_generation(list(out.token_ids), out.log_probs, call, setup, masks)
-            parsed = take_generation(ep, rt, gen, offered)
-            result, tool_s = await asyncio.to_thread(self._run_tool, ep, offered, parsed)
-            record_turn(ep, rt, gen, parsed[0], result, cfg, run=setup.run, step=step, phase=phase, turn=turn)
-            ep.records[-1].timing_s_generate, ep.records[-1].timing_s_tool = gen_s, tool_s
-            metrics.generate_sequences += gen_s
-            metrics.tool_calls += tool_s
-            if ep.done:
-                break
-        if not ep.done:
-            ep.end_reason = "turn_limit"
-        output = episode_output(ep, setup, phase, metrics, weight_versions(turn_fields, step), masks)
+            if isinstance(need, NeedGeneration):
+                call = rt.grammars.get(need.offered)
+                params = {
+                    **sampling_params,
+                    "max_tokens": cfg.max_generation_tokens,
+                    "logprobs": True,
+                    "seed": episode_seed(setup.cfg.seed, setup.run, step, uid, sample, need.turn),
+                    "structured_outputs": structured_outputs(call.tag_json),
+                }
+                t0 = time.perf_counter()
+                out = await self.server_manager.generate(
+                    f"{uid}-{phase}-{step}-{sample}", prompt_ids=list(ep.token_ids), sampling_params=params
+                )
+                gen_s = time.perf_counter() - t0
+                turn_fields.append(dict(out.extra_fields or {}))
+                answer = replay_generation(list(out.token_ids), out.log_probs, call, setup, masks)
+                answer.engine_s = gen_s
+                metrics.generate_sequences += gen_s
+            else:
+                answer = await asyncio.to_thread(self._run_tool, ep, need.offered, need.call)
+                metrics.tool_calls += answer[1]
+        credits = episode_credits(ep, setup, phase)
+        output = episode_output(ep, credits, metrics, weight_versions(turn_fields, step), masks)
         # The protocol invariants, checked against the very reward vector verl will read.
         rm = [0.0] * ep.prompt_tokens + output.as_dict()["rm_scores"].tolist()
         report = check_episodes(
@@ -442,5 +455,5 @@ class AtlasToolAgentLoop(AgentLoopBase):
             max_trajectory_tokens=cfg.max_trajectory_tokens,
             rewards_of=lambda _: rm,
         )
-        write_episode(ep, setup, phase, step, report)
+        write_episode(ep, credits, setup, phase, step, report)
         return output

@@ -38,7 +38,7 @@ from atlas.rl import journal
 from atlas.rl.metrics import call_advantages, rollout_throughput, step_summary
 from atlas.runtime.inputs import TrainingInputs
 from atlas.runtime.protocol import ProtocolReport
-from atlas.runtime.records import ExecutionRecord
+from atlas.runtime.records import Credit, ExecutionRecord, split_row
 from atlas.runtime.rollouts import validation_rows
 from atlas.runtime.runfolder import write_rollouts
 
@@ -61,13 +61,17 @@ class StoredEpisode:
     end_reason: str
     score: float
     records: list[ExecutionRecord]
+    credits: list[Credit]  # record k's reward and potentials (value and advantage: verl's own)
     generations: list[None] = field(default_factory=list)  # only counted (one per turn)
     protocol: dict[str, Any] = field(default_factory=dict)
 
 
-def read_episode(path: Path) -> StoredEpisode:
+def read_episode(path: Path, step: int | None = None) -> StoredEpisode:
+    """An episode file of the agent loop, its records numbered `step` (the agent loop stamps
+    verl's 1-based global step; ours is 0-based for training; None: as the file has it)."""
     try:
         body = json.loads(path.read_text(encoding="utf-8"))
+        rows = [split_row(r if step is None else {**r, "step": step}) for r in body["records"]]
         return StoredEpisode(
             question={"question_uid": body["question_uid"], "source": body["source"]},
             sample=body["sample"],
@@ -78,7 +82,8 @@ def read_episode(path: Path) -> StoredEpisode:
             logprobs=body["logprobs"],
             end_reason=body["end_reason"],
             score=body["score"],
-            records=[ExecutionRecord(**r) for r in body["records"]],
+            records=[record for record, _ in rows],
+            credits=[credit for _, credit in rows],
             generations=[None] * body["turns"],
             protocol=body["protocol"],
         )
@@ -122,9 +127,9 @@ def retire_episodes(episodes: Path, done: int) -> Path | None:
     return aside
 
 
-def read_episodes(folder: Path, expected: int) -> list[StoredEpisode]:
-    """The episodes of one step or validation point, in (question, sample) order; exactly
-    `expected` (questions x samples) of them. verl trains on the rest of a batch when a sample's
+def read_episodes(folder: Path, expected: int, step: int | None = None) -> list[StoredEpisode]:
+    """The episodes of one step or validation point (their records numbered `step`), in
+    (question, sample) order; exactly `expected` (questions x samples) of them. verl trains on the rest of a batch when a sample's
     agent loop raises; here a missing episode fails the run, with the count and the reasons."""
     paths = sorted(folder.glob("*.json"))
     if len(paths) != expected:
@@ -134,7 +139,7 @@ def read_episodes(folder: Path, expected: int) -> list[StoredEpisode]:
             f"{folder}: {len(paths)} episodes, expected {expected} (questions x samples); "
             f"{len(reasons)} failed, reasons:{listed}"
         )
-    episodes = [read_episode(p) for p in paths]
+    episodes = [read_episode(p, step) for p in paths]
     return sorted(episodes, key=lambda ep: (ep.question["question_uid"], ep.sample))
 
 
@@ -192,34 +197,32 @@ def write_journal(
         g = k + 1
         if g not in verl_metrics:
             raise VerlOutputError(f"no metrics for global step {g} in {[str(p) for p in metrics_files]}")
-        episodes = read_episodes(records_dir / "train" / f"global_step_{g}", expected["train"])
+        # the agent loop stamps verl's global step g; ours is 0-based
+        episodes = read_episodes(records_dir / "train" / f"global_step_{g}", expected["train"], k)
         counted[f"train/global_step_{g}"] = len(episodes)
-        for ep in episodes:  # the agent loop stamps verl's global step; ours is 0-based
-            for r in ep.records:
-                r.step = k
+        credits = [ep.credits for ep in episodes]
         report = protocol_of(episodes)
-        folder = journal.step_dir(root, k)
-        folder.mkdir(parents=True, exist_ok=True)
-        write_rollouts(folder, episodes, report, run=run, step=k, phase="train")
+        journal.write_step_rollouts(root, k, episodes, credits, report, run=run)
         journal.write_step_results(
             root,
             k,
             step_metrics(verl_metrics[g], episodes, report),
-            call_advantages(episodes, run=run, step=k, gamma=gamma, dose=dose),
+            call_advantages(episodes, credits, run=run, step=k, gamma=gamma, dose=dose),
             [],
         )
     for done in validated:
-        episodes = read_episodes(records_dir / "val" / f"global_step_{done}", expected["val"])
+        episodes = read_episodes(records_dir / "val" / f"global_step_{done}", expected["val"], done)
         counted[f"val/global_step_{done}"] = len(episodes)
         for ep in episodes:
             for r in ep.records:
                 if r.phase != "val":
                     raise VerlOutputError(f"{records_dir}/val/global_step_{done}: a {r.phase!r} record")
-                r.step = done
         report = protocol_of(episodes)
         folder = journal.val_dir(root, done)
         folder.mkdir(parents=True, exist_ok=True)
-        write_rollouts(folder, episodes, report, run=run, step=done, phase="val")
+        write_rollouts(
+            folder, episodes, report, run=run, step=done, phase="val", credits=[ep.credits for ep in episodes]
+        )
         atomic_write_json(folder / "validation.json", validation_rows(episodes, run=run, step=done))
     atomic_write_json(root / "verl" / "episode_counts.json", {"expected": expected, "counted": counted})
     return counted

@@ -3,8 +3,9 @@
 The agent loop already puts each record's reward on its action token (rm_scores) and sets the
 episode's `reward_score`, so verl's trainer never needs to call this for training. verl still
 calls a reward function where it scores whole responses (validation metrics, a reward loop that
-finds no score). It reads nothing but the episode's ExecutionRecords, which reach it through
-`extra_info` (the agent loop's extra_fields): the response text and ground truth are ignored,
+finds no score). It reads nothing but the episode's ExecutionRecords (as records.parquet rows,
+each with its credit's reward), which reach it through `extra_info` (the agent loop's
+extra_fields): the response text and ground truth are ignored,
 because a score that re-read the text could disagree with what the tools recorded.
 
     compute_score(data_source, solution_str, ground_truth, extra_info) ->
