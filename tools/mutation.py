@@ -112,6 +112,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "drift": (["src/atlas/rl/drift.py"], ["tests/unit/test_drift.py"]),
     "lcb_reader": (["src/atlas/data/lcb.py"], ["tests/unit/test_lcb.py", "tests/unit/test_lcb_rows.py"]),
+    "roundtrip": (
+        ["src/atlas/checks/roundtrip.py"],
+        ["tests/unit/test_check_failures.py", "tests/unit/test_roundtrip_checks.py"],
+    ),
 }
 
 # Modules of which only some functions count (the rest of the file is another job's: the sandbox's
@@ -144,7 +148,7 @@ ONLY_FUNCTIONS: dict[str, set[str]] = {
 # the workflow's own rules in the unmutated scratch copy (`snakemake prepare_data
 # build_tiny_model`: results/data, results/models/tiny) and handed to every mutant's session (tests/conftest.py reads
 # ATLAS_TEST_TINY_MODEL and ATLAS_TEST_DATA_DIR), not rebuilt for each mutant (~1 min each).
-PREBUILT = {"grammar", "replay", "checkpoint"}
+PREBUILT = {"grammar", "replay", "checkpoint", "roundtrip"}
 PREBUILD_RULES = ["prepare_data", "build_tiny_model"]
 PREBUILT_DATA, PREBUILT_MODEL = "results/data", "results/models/tiny"
 
@@ -191,6 +195,7 @@ PRELOAD = [
     "atlas.runtime.engine",
     "atlas.rl.checkpoint",
     "atlas.rl.replay",
+    "atlas.checks.roundtrip",
 ]
 
 
