@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from atlas.checks.compact import base_parameter_names, compact_checkpoint_validation
-from atlas.checks.roundtrip import metric_rel_tol, policy_roundtrip, same_metrics
+from atlas.checks.roundtrip import metric_rel_tol, policy_roundtrip, probes, same_metrics
 from atlas.config.training import TrainingConfig
 from atlas.errors import CheckFailed
 from atlas.model.policy import ROLES, ActorCritic
@@ -52,6 +52,7 @@ def fresh(tiny_model, second=None):
         calls.append(ac)
         return ac
 
+    make.calls = calls  # the policies made, for a test to probe after the check
     return make
 
 
@@ -63,6 +64,7 @@ def test_an_intact_checkpoint_passes_both_checks(tiny_model, saved):
         ("critic", True, 0),
     ]
     record = policy_roundtrip(fresh(tiny_model), folder, 1, IDS)
+    assert record["step"] == 1 and record["next_step_metrics_equal"] is None
     assert record["probe_logprobs_equal"] and record["probe_values_equal"]
     assert record["tensors_bit_equal"] == 2 * (2 * 7 * 2) + 2 and record["probe_tokens"] == IDS.numel()
 
@@ -116,10 +118,15 @@ def test_probes_that_change_after_the_reload_fail_the_roundtrip(tiny_model, save
         CheckFailed, match=rf"{folder}: actor_logprobs on the probe batch differ after a save/load"
     ):
         policy_roundtrip(fresh(tiny_model, base_moved), folder, 1, IDS)
+    make = fresh(tiny_model, critic_scale_moved)
     with pytest.raises(
         CheckFailed, match=rf"{folder}: critic_values on the probe batch differ after a save/load"
-    ):
-        policy_roundtrip(fresh(tiny_model, critic_scale_moved), folder, 1, IDS)
+    ) as err:
+        policy_roundtrip(make, folder, 1, IDS)
+    # the message gives the largest difference between the two policies' values
+    loaded, reloaded = make.calls
+    diff = (probes(loaded, IDS)["critic_values"] - probes(reloaded, IDS)["critic_values"]).abs().max().item()
+    assert diff > 0 and str(err.value).endswith(f"(max {diff})")
 
 
 def test_a_reload_that_rounds_the_tensors_fails_the_roundtrip(tiny_model, saved):
