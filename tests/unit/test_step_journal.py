@@ -75,13 +75,17 @@ def test_a_step_journals_its_records_once_before_the_update(session, writes, tmp
     assert rows["advantage"].to_list() == [c.advantage for c in credits]
 
 
-def test_records_stay_as_the_runtime_wrote_them(session):
+def two_episodes(session):
+    """Two training episodes of the first question, played by the session's policy."""
     specs = episode_specs(session.train_rows[:1], session.tests, 2)
-    episodes = rollout(
+    return rollout(
         session.rt, specs, session.runtime, session.graders, run="r", step=1, phase="train", seed=0
     )
-    written = [[dataclasses.asdict(r) for r in ep.records] for ep in episodes]
-    data, _ = ppo_step(
+
+
+def step(session, episodes, **kwargs):
+    """ppo_step on the session's policy, potential and optimizers, at dose 1."""
+    return ppo_step(
         session.rt,
         session.ac,
         episodes,
@@ -90,7 +94,14 @@ def test_records_stay_as_the_runtime_wrote_them(session):
         session.runtime,
         session.optimizers,
         dose=1.0,
+        **kwargs,
     )
+
+
+def test_records_stay_as_the_runtime_wrote_them(session):
+    episodes = two_episodes(session)
+    written = [[dataclasses.asdict(r) for r in ep.records] for ep in episodes]
+    data, _ = step(session, episodes)
     assert [[dataclasses.asdict(r) for r in ep.records] for ep in data.episodes] == written
     rec = data.episodes[0].records[0]
     for name, value in (("run", "other"), ("score", 1.0), ("reward", 1.0), ("advantage", 0.5)):
@@ -100,10 +111,7 @@ def test_records_stay_as_the_runtime_wrote_them(session):
 
 
 def test_a_batch_that_breaks_the_protocol_is_journaled_once_and_stops(session, writes, tmp_path):
-    specs = episode_specs(session.train_rows[:1], session.tests, 2)
-    episodes = rollout(
-        session.rt, specs, session.runtime, session.graders, run="r", step=1, phase="train", seed=0
-    )
+    episodes = two_episodes(session)
     ep = episodes[0]
     ep.records[0] = dataclasses.replace(ep.records[0], arguments='{"answer":"nothing called"}')
     calls = []
@@ -113,18 +121,7 @@ def test_a_batch_that_breaks_the_protocol_is_journaled_once_and_stops(session, w
         journal.write_step_rollouts(tmp_path, 1, data.episodes, data.credits, data.report, run="r")
 
     with pytest.raises(SystemExit, match="r step 1: 1 protocol violations"):
-        ppo_step(
-            session.rt,
-            session.ac,
-            episodes,
-            session.potential,
-            session.ppo,
-            session.runtime,
-            session.optimizers,
-            dose=1.0,
-            journal_rollouts=journal_rollouts,
-            where="r step 1",
-        )
+        step(session, episodes, journal_rollouts=journal_rollouts, where="r step 1")
     assert len(calls) == 1 and len(writes) == 1
     rows = pl.read_parquet(journal.step_dir(tmp_path, 1) / "records.parquet")
     assert rows["value"].null_count() == rows["advantage"].null_count() == rows.height
