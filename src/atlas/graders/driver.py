@@ -183,28 +183,65 @@ def seccomp_program(machine: str, names: tuple[str, ...] | list[str] = tuple(DEN
     return b"".join(out)
 
 
+class _Prctl:
+    """prctl(2) through `_ctypes`, the C module under `ctypes`: importing `ctypes` itself (its
+    types, its struct layouts) cost every sandbox's start several milliseconds, about a fifth of
+    it, for the one function the driver calls."""
+
+    def __init__(self):
+        import _ctypes
+
+        class Long(_ctypes._SimpleCData):
+            _type_ = "l"
+
+        class ULong(_ctypes._SimpleCData):
+            _type_ = "L"
+
+        class Function(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = Long
+            _argtypes_ = (Long, ULong, ULong, ULong, ULong)
+
+        class Libc:  # what CFuncPtr((name, library)) reads of a library: its dlopen handle
+            _handle = _ctypes.dlopen(None)
+
+        self.ctypes, self.function = _ctypes, Function(("prctl", Libc))
+
+    def __call__(self, option: int, arg2: int = 0, arg3: int = 0) -> None:
+        if self.function(option, arg2, arg3, 0, 0) != 0:
+            raise OSError(self.ctypes.get_errno(), f"prctl({option}) failed")
+
+    def buffer(self, data: bytes) -> tuple[object, int]:
+        """A C copy of `data` and its address (the copy must outlive every use of the address)."""
+
+        class Char(self.ctypes._SimpleCData):
+            _type_ = "c"
+
+        class Bytes(self.ctypes.Array):
+            _type_, _length_ = Char, max(len(data), 1)
+
+        copy = Bytes.from_buffer_copy(data.ljust(1, b"\0"))
+        return copy, self.ctypes.addressof(copy)
+
+
 class Seccomp:
-    """A filter made ready once (libc, the struct sock_fprog): each test's child only installs it."""
+    """A filter made ready once (the BPF program and its struct sock_fprog in C memory): each
+    test's child only installs it."""
 
-    def __init__(self, program: bytes):
-        import ctypes
-
-        class SockFprog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-
-        self.ctypes, self.program = ctypes, program  # the struct points into `program`: keep it
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-        self.libc.prctl.argtypes = argtypes
-        self.fprog = SockFprog(len(program) // 8, program)
+    def __init__(self, program: bytes, prctl: _Prctl):
+        self.prctl = prctl
+        self.program, address = prctl.buffer(program)
+        # struct sock_fprog: an unsigned short count and the pointer, in the C compiler's layout
+        self.fprog, self.address = prctl.buffer(struct.pack("@HP", len(program) // 8, address))
 
     def install(self) -> None:
         """Install the filter on this process (and what it forks); no_new_privs first, as the kernel
         requires of an unprivileged filter (bwrap has set it already inside the sandbox)."""
-        prctl, address = self.libc.prctl, self.ctypes.addressof(self.fprog)
-        # PR_SET_NO_NEW_PRIVS = 38; PR_SET_SECCOMP = 22 with SECCOMP_MODE_FILTER = 2
-        if prctl(38, 1, None, 0, 0) != 0 or prctl(22, 2, address, 0, 0) != 0:
-            raise OSError(self.ctypes.get_errno(), "the seccomp filter could not be installed")
+        try:
+            self.prctl(38, 1)  # PR_SET_NO_NEW_PRIVS
+            self.prctl(22, 2, self.address)  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        except OSError as err:
+            raise OSError(err.errno, "the seccomp filter could not be installed") from None
 
 
 def _read_exact(fd: int, n: int) -> bytes | None:
@@ -653,15 +690,14 @@ def main() -> None:
     # Every process and thread of the sandbox's uid counts, the driver and bwrap's monitor included.
     limit = setup["max_processes"] + 2
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    prctl = _Prctl()
     if contained:  # a program cannot ptrace the driver or open its descriptors or memory via /proc
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        prctl(4, 0)  # PR_SET_DUMPABLE
     global _filter
     machine = os.uname().machine
     if machine in SYSCALLS:
-        _filter = Seccomp(seccomp_program(machine))
-        Seccomp(seccomp_program(machine, [n for n in DENIED if n not in DRIVER_NEEDS])).install()
+        _filter = Seccomp(seccomp_program(machine), prctl)
+        Seccomp(seccomp_program(machine, [n for n in DENIED if n not in DRIVER_NEEDS]), prctl).install()
     elif contained:
         sys.exit(f"atlas sandbox driver: no seccomp system call table for {machine}")
     memory = (setup["memory_mb"] + DRIVER_HEADROOM_MB) << 20
