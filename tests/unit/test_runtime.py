@@ -439,7 +439,7 @@ def test_run_tests_without_public_tests_answers_instead_of_crashing():
     from atlas.runtime.execute import execute_call
 
     tools = lcb_tools(CODE)
-    question = {"source": "lcb", "func_name": None}
+    question = {"source": "lcb", "func_name": None, "question_uid": "lcb-no-public-tests"}
     call = {"name": "run_tests", "arguments": {"code": "print(1)"}}
     result = execute_call(
         call, None, tools, question, [(TestCase("stdin", "", "1"), "private")], GRADERS, 200

@@ -549,6 +549,25 @@ def test_forged_functional_results_are_not_judged_as_the_return_value(workflow, 
 # --- a grader killed mid-run ----------------------------------------------------------------------
 
 
+def test_two_graders_never_run_programs_of_one_question_at_once(workflow):
+    """Two grader processes on one problem (two training arms, a validation job beside them):
+    the second program starts only once the first has ended, so nothing one computed can reach
+    the other through the kernel they share."""
+    timed = "import time\nstart = time.monotonic()\ntime.sleep(0.2)\nprint(start, time.monotonic())\n"
+    procs = [start_cli(workflow, timed) for _ in range(2)]
+    spans = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        tests = json.loads(out)["tests"]  # each a wrong answer whose detail shows what it printed
+        assert [t["status"] for t in tests] == ["wrong_answer"] * 5  # waiting is no part of the budget
+        times = [float(x) for t in tests for x in t["detail"].split("got ")[1].strip("'").split()]
+        spans.append((min(times), max(times)))
+    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    assert a_end <= b_start
+    assert_nothing_left(workflow)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_a_killed_grader_leaves_nothing(workflow, sig):
     code = "import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep(30)"
@@ -569,7 +588,8 @@ GRADE_MANY = """
 from atlas.config.graders import GraderConfig
 from atlas.data.schema import TestCase
 from atlas.graders.lcb import grade_many
-jobs = [("import time\\ntime.sleep(30)", [TestCase("stdin", "", "0")], None)] * 6
+# six questions (a test set each): programs of one question never run at once
+jobs = [("import time\\ntime.sleep(30)", [TestCase("stdin", "", str(n))], None) for n in range(6)]
 grade_many(jobs, cfg=GraderConfig(test_timeout_s=30.0, program_timeout_s=30.0, workers=2))
 """
 

@@ -145,6 +145,12 @@ attempt("read", lambda: os.pread(fd, 4096, 0))
 
 NESTED = "class Solution:\n    def f(self, x):\n        v = []\n        for _ in range({n}):\n            v = [v]\n        return v\n"
 SELF = "class Solution:\n    def f(self, x):\n        v = []\n        v.append(v)\n        return v\n"
+# every level of a 950-deep chain, each first met one level down: the depth bound held only for
+# the first path to an object, so the deeper levels, met again further down, went through
+SHARED = (
+    "class Solution:\n    def f(self, x):\n        levels, v = [], []\n        for _ in range(950):\n"
+    "            v = [v]\n            levels.append(v)\n        return levels\n"
+)
 
 
 def test_a_deep_or_self_referencing_return_value_is_an_error_not_a_crash():
@@ -153,6 +159,7 @@ def test_a_deep_or_self_referencing_return_value_is_an_error_not_a_crash():
         (NESTED.format(n=1900), "the return value is too large (it is nested deeper than 100 levels)"),
         (NESTED.format(n=40_000), "the return value (list) is not JSON-serialisable"),  # past marshal's
         (SELF, "the return value is not JSON-serialisable (it contains itself)"),
+        (SHARED, "the return value is too large (it is nested deeper than 100 levels)"),
     ]:
         v = grade_code(code, tests, func_name="f", cfg=CFG)
         assert (v.status, v.tests[0].status, v.tests[0].detail) == ("error", "error", f"exit status 1; {why}")
@@ -171,7 +178,7 @@ def test_a_return_value_the_comparison_cannot_parse_is_that_tests_error():
 def test_a_crashing_value_ends_no_rollout():
     """execute_call is what a rollout calls: a submit whose value once raised RecursionError there
     comes back as a tool error with a score of 0."""
-    question = {"source": "lcb", "func_name": "countPairs"}
+    question = {"source": "lcb", "func_name": "countPairs", "question_uid": "lcb-nested-value"}
     code = NESTED.format(n=1900).replace("def f(self, x)", "def countPairs(self, nums)")
     tests = [(Case("functional", "[1, 2]", "0"), "public")]
     offered = tools_for("lcb", CodeBounds(run=4000, escapes=400))
@@ -304,6 +311,98 @@ attempt("unix_pair", lambda: [s.close() for s in socket.socketpair()])
         "vsock_high_bits": "EPERM",
         "unix_pair": "allowed",
     }
+
+
+def test_the_hosts_global_counters_are_out_of_reach():
+    """Counters the kernel keeps for the whole host (ptys in use, forks since boot, open files,
+    shared memory) moved by exactly what one program did, and a program graded beside it read
+    them: it passed without computing. /proc shows a program its own processes only, there are
+    no pseudo-terminals, and sysinfo is refused; /proc/self and /dev/stdin still work."""
+    seen = probe(
+        ERRNO
+        + """
+for path in ("/proc/stat", "/proc/loadavg", "/proc/meminfo", "/proc/vmstat", "/proc/uptime",
+             "/proc/locks", "/proc/sys/fs/file-nr", "/proc/sys/kernel/pty/nr", "/dev/ptmx"):
+    attempt(path, lambda: os.close(os.open(path, os.O_RDONLY | os.O_NOCTTY)))
+seen["/proc/sys"] = os.listdir("/proc/sys")
+seen["/proc"] = sorted(name for name in os.listdir("/proc") if not name.isdigit() and name not in ("self", "thread-self", "mounts", "net"))[:1]
+attempt("sysinfo", lambda: checked(libc.sysinfo(ctypes.create_string_buffer(256))))
+seen["self"] = open("/proc/self/status").readline().split()[0]
+"""
+    )
+    refused = {"/dev/ptmx": "ENOENT", "/proc/sys/fs/file-nr": "ENOENT", "/proc/sys/kernel/pty/nr": "ENOENT"}
+    for path in (
+        "/proc/stat",
+        "/proc/loadavg",
+        "/proc/meminfo",
+        "/proc/vmstat",
+        "/proc/uptime",
+        "/proc/locks",
+    ):
+        refused[path] = "EACCES"  # covered by /dev/null on a mount that allows no devices
+    assert seen == {**refused, "/proc/sys": [], "/proc": ["acpi"], "sysinfo": "EPERM", "self": "Name:"}
+    r = run_program("print(open('/dev/stdin').read().upper())", "fed\n", limits=LIMITS)
+    assert (r.status, r.stdout) == ("ok", "FED\n\n")
+
+
+def test_a_program_cannot_make_the_host_write_out_its_disks():
+    """sync() wrote out every filesystem of the host, and its caller slept in the kernel, beyond
+    any signal, past its test's bound and its sandbox's close. sync and syncfs are refused."""
+    seen = probe(
+        ERRNO
+        + """
+number = {"x86_64": (162, 306), "aarch64": (81, 267)}[os.uname().machine]
+attempt("sync", lambda: checked(libc.syscall(number[0])))
+usr = os.open("/usr", os.O_RDONLY)
+attempt("syncfs", lambda: checked(libc.syscall(number[1], usr)))
+attempt("fsync", lambda: os.fsync(os.open("/tmp/own", os.O_CREAT | os.O_WRONLY)))
+"""
+    )
+    assert seen == {"sync": "EPERM", "syncfs": "EPERM", "fsync": "allowed"}  # its own files: its own
+
+
+TIMED = """import time
+start = time.monotonic()
+time.sleep({sleep})
+print(f"{{start:.4f}} {{time.monotonic():.4f}}")
+"""
+
+
+def spans(verdicts) -> list[tuple[float, float]]:
+    """(start, end) of each program, from the output its wrong answer's detail shows."""
+    got = [v.tests[0].detail.split("got ")[1].strip("'") for v in verdicts]
+    return [tuple(map(float, text.split())) for text in got]
+
+
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_two_programs_of_one_question_never_run_at_once():
+    """Two programs graded at once copied through the kernel (a pty count, a lock): one solved, the
+    other passed without computing. Programs of one question now run one after the other, in one
+    grader or several; programs of different questions still run at once."""
+    program = TIMED.format(sleep=0.4)
+    first, second = [Case("stdin", "", "first")], [Case("stdin", "", "second")]
+    jobs = [(program, first, None), (program, first, None), (program, second, None), (program, second, None)]
+    times = spans(grade_many(jobs, cfg=CFG.model_copy(update={"workers": 2})))
+    assert not overlap(times[0], times[1]) and not overlap(times[2], times[3])
+    assert any(overlap(a, b) for a in times[:2] for b in times[2:])  # two workers, two questions
+    # The python tool of one GPQA question: two samples' programs, from two threads
+    question = {"source": "gpqa", "question_uid": "gpqa:same", "correct_letter": "A"}
+    offered = tools_for("gpqa", CodeBounds(run=4000, escapes=400))
+    call = {"name": "python", "arguments": {"code": program}}
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(uid: str) -> tuple[float, float]:
+        result = execute_call(call, None, offered, {**question, "question_uid": uid}, [], CFG, 400)
+        assert result.status == "ok", result.output
+        return tuple(map(float, result.output.split()))
+
+    with ThreadPoolExecutor(2) as pool:
+        same = list(pool.map(run, ["gpqa:same", "gpqa:same"]))
+        other = list(pool.map(run, ["gpqa:one", "gpqa:another"]))
+    assert not overlap(*same) and overlap(*other)
 
 
 # --- 7. a process that outlives its test -------------------------------------------------------

@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> None:
         raise DataError(
             str(args.problem), None, "no public tests", "at least one public test for --public-only"
         )
-    verdict = grade_code(code, tests, func_name=question.func_name, cfg=config.graders)
+    # the question's uid, as training names it: no other program of it runs here meanwhile
+    verdict = grade_code(
+        code, tests, func_name=question.func_name, cfg=config.graders, question=question.question_uid
+    )
     print(json.dumps(verdict.to_json()))
 
 

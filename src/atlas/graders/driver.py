@@ -72,7 +72,9 @@ DRIVER_HEADROOM_MB = 512  # the driver's own RLIMIT_AS is the program's memory_m
 # - what two sandboxes share through the host kernel: file locks and leases (flock, the fcntl lock
 #   commands, which work on the read-only files every sandbox sees), inotify, fanotify and dnotify
 #   (what a neighbour opens), and the page cache's probes and levers (mincore, cachestat,
-#   RWF_NOWAIT reads, readahead, fadvise, the madvise advice that reads ahead or pages out);
+#   RWF_NOWAIT reads, readahead, fadvise, the madvise advice that reads ahead or pages out),
+#   the host-wide counts sysinfo gives (processes, shared memory), and sync / syncfs, which make
+#   the host write out every filesystem and hold the caller unkillable meanwhile;
 # - sockets of any family but AF_UNIX: AF_VSOCK ignores network namespaces, AF_NETLINK reaches
 #   the kernel, and the sandbox's own network namespace holds nothing for the others.
 # The driver runs under the same filter but for DRIVER_NEEDS: it creates each test's stdin memfd
@@ -84,7 +86,8 @@ DENIED = (
     "perf_event_open bpf userfaultfd io_uring_setup io_uring_enter io_uring_register unshare setns "
     "mount open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr "
     "flock inotify_init inotify_init1 inotify_add_watch fanotify_init fanotify_mark "
-    "mincore cachestat readahead fadvise64 preadv2 pwritev2 process_madvise"
+    "mincore cachestat readahead fadvise64 preadv2 pwritev2 process_madvise "
+    "sync syncfs sysinfo"
 ).split()
 DRIVER_NEEDS = ("memfd_create", "pidfd_open")
 AF_UNIX = 1
@@ -118,7 +121,8 @@ SYSCALLS = {
         "setns": 308, "mount": 165, "flock": 73, "inotify_init": 253, "inotify_init1": 294,
         "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301, "mincore": 27,
         "readahead": 187, "fadvise64": 221, "preadv2": 327, "pwritev2": 328, "socket": 41,
-        "socketpair": 53, "fcntl": 72, "madvise": 28, **_COMMON,
+        "socketpair": 53, "fcntl": 72, "madvise": 28, "sync": 162, "syncfs": 306, "sysinfo": 99,
+        **_COMMON,
     }),
     "aarch64": (0xC00000B7, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
@@ -128,7 +132,8 @@ SYSCALLS = {
         "unshare": 97, "setns": 268, "mount": 40, "flock": 32, "inotify_init1": 26,
         "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263, "mincore": 232,
         "readahead": 213, "fadvise64": 223, "preadv2": 286, "pwritev2": 287, "socket": 198,
-        "socketpair": 199, "fcntl": 25, "madvise": 233, **_COMMON,
+        "socketpair": 199, "fcntl": 25, "madvise": 233, "sync": 81, "syncfs": 267, "sysinfo": 179,
+        **_COMMON,
     }),
 }  # fmt: skip
 X32_BIT = 0x40000000  # x86_64 system calls of the x32 ABI: refused as a whole
@@ -412,38 +417,48 @@ def to_json(value, cap: int = VALUE_JSON_CAP) -> str:
     object), and the text is built only when it fits."""
     import json  # a functional program's driver loaded it with the program
 
-    sizes: dict[int, int] = {}
+    known: dict[int, tuple[int, int]] = {}  # id -> (JSON length, levels of nesting below it)
     open_: set[int] = set()  # containers being sized: meeting one again is a cycle
 
     def size(v, depth: int = 0) -> int:
-        known = sizes.get(id(v))
-        if known is not None:
-            return known
+        """The JSON length of `v` met `depth` levels down; every path to an object counts, so an
+        object shared between levels is as deep as its deepest place."""
+        n, height = measure(v, depth)
+        if depth + height > VALUE_DEPTH_CAP:
+            raise _TooLarge(f"it is nested deeper than {VALUE_DEPTH_CAP} levels")
+        return n
+
+    def measure(v, depth: int) -> tuple[int, int]:
+        if id(v) in known:
+            return known[id(v)]
         if depth > VALUE_DEPTH_CAP:
             raise _TooLarge(f"it is nested deeper than {VALUE_DEPTH_CAP} levels")
         if id(v) in open_:
             raise ValueError("it contains itself")
         kind = type(v)
+        height = 0
         if v is None or kind in (bool, int, str):
             n = len(json.dumps(v))
         elif kind is float:
             if v != v or v in (float("inf"), float("-inf")):
                 raise ValueError("float")
             n = len(json.dumps(v))
-        elif kind in (list, tuple):
-            open_.add(id(v))
-            n = 2 + 2 * max(len(v) - 1, 0) + sum(size(item, depth + 1) for item in v)
-            open_.discard(id(v))
-        elif kind is dict:
-            if not all(type(k) is str for k in v):
+        elif kind in (list, tuple, dict):
+            if kind is dict and not all(type(k) is str for k in v):
                 raise ValueError("dict with non-string keys")
+            items = list(v.values()) if kind is dict else v
             open_.add(id(v))
-            n = 2 + 2 * max(len(v) - 1, 0) + sum(size(k) + 2 + size(item, depth + 1) for k, item in v.items())
+            n = 2 + 2 * max(len(v) - 1, 0)
+            if kind is dict:
+                n += sum(len(json.dumps(k)) + 2 for k in v)
+            for item in items:
+                n += size(item, depth + 1)
+                height = max(height, 1 + known[id(item)][1])
             open_.discard(id(v))
         else:
             raise ValueError(kind.__name__)
-        sizes[id(v)] = n  # every object stays alive in `value` meanwhile: ids are not reused
-        return n
+        known[id(v)] = (n, height)  # every object stays alive in `value` meanwhile: ids are not reused
+        return n, height
 
     if size(value) > cap:
         raise _TooLarge(f"its JSON is longer than {cap} characters")
@@ -468,50 +483,35 @@ def _value_of(raw: bytes) -> tuple[str | None, str]:
         return None, f"the return value is not JSON-serialisable ({err})"
 
 
-def _sandbox_pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def _gone(pid: int) -> bool:
-    """Whether the test's child has ended with every thread of it (a zombie whose main thread exited
-    while other threads run on is not gone). Its exit status is the caller's to collect."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state == b"Z" and len(os.listdir(f"/proc/{pid}/task")) <= 1
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-
-
-def _kill_leftovers(pid: int, contained: bool) -> None:
+def _kill_leftovers(pid: int, contained: bool) -> bool:
     """Kill the test's process group and, inside a PID namespace of its own, every process but the
-    driver (setsid() escapees, and zombies whose other threads live on, included), and reap the
-    orphans: there the driver is pid 1."""
+    driver, then reap them; whether nothing is left. There the driver is the namespace's init:
+    kill(-1) reaches every other process in it, whatever its group or session (setsid()
+    escapees, and zombies whose other threads live on, included), and every process of the
+    namespace is the driver's child or an orphan the driver reaps, so once waitpid has no child
+    left, nothing of the test runs. A process that does not die within REAP_S (one asleep in the
+    kernel, which no signal ends) leaves the sandbox spent. The test's child is reaped here too:
+    the caller has taken its status, or no longer needs it."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     if not contained:
-        return
-    spared = {1, os.getpid()}
+        return True
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:  # nothing but the driver
+        pass
     give_up = time.monotonic() + REAP_S
-    while time.monotonic() < give_up:
-        left = [other for other in _sandbox_pids() if other not in spared]
-        for other in left:
-            try:
-                # A zombie too: a process whose main thread has exited is a zombie while its other
-                # threads run, and SIGKILL to it ends them.
-                os.kill(other, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            if other != pid:  # an orphan: the driver is the namespace's init, its reaper
-                try:
-                    os.waitpid(other, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-        if not left or (left == [pid] and _gone(pid)):
-            return
-        time.sleep(0.001)
+    while True:
+        try:
+            reaped, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if reaped == 0:
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.001)
 
 
 def wipe(root: int) -> None:
@@ -573,6 +573,7 @@ def run_test(setup: dict, test: dict, reply: int, contained: bool, scratch: tupl
     for fd in (*streams, pidfd):
         poller.register(fd, select.POLLIN)
     exited_at = None
+    cleared = True
     while True:
         now = time.monotonic()
         if exited_at is None:
@@ -591,7 +592,7 @@ def run_test(setup: dict, test: dict, reply: int, contained: bool, scratch: tupl
                 _, wait_status = os.waitpid(pid, 0)
                 status = os.waitstatus_to_exitcode(wait_status)
                 exited_at = time.monotonic()
-                _kill_leftovers(pid, contained)  # their pipe ends close: the reads below end
+                cleared = _kill_leftovers(pid, contained)  # their pipe ends close: the reads below end
                 continue
             name = streams.get(fd)
             if name is None:
@@ -614,8 +615,9 @@ def run_test(setup: dict, test: dict, reply: int, contained: bool, scratch: tupl
                 dropped[name] |= len(data) > room
     wall_s = time.monotonic() - start
     if status is None:
-        _kill_leftovers(pid, contained)
-        os.waitpid(pid, 0)
+        cleared = _kill_leftovers(pid, contained)
+        if not contained:
+            os.waitpid(pid, 0)
         finished = "timeout"
     else:
         finished = "ok" if status == 0 else "error"
@@ -629,7 +631,7 @@ def run_test(setup: dict, test: dict, reply: int, contained: bool, scratch: tupl
         "stdout_truncated": dropped["out"],
         "stderr_truncated": dropped["err"],
         "value": None,
-        "spent": False,
+        "spent": not cleared,  # a process of the test lives on: the grader ends the sandbox
     }
     if functional and finished == "ok":
         done["value"], why = _value_of(bytes(kept["value"]))

@@ -25,6 +25,7 @@ that test's error, and a driver that died is the verdict "the sandbox ended".
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import signal
 import time
@@ -35,7 +36,7 @@ from decimal import Decimal, InvalidOperation
 
 from atlas.config.graders import GraderConfig
 from atlas.data.schema import TestCase
-from atlas.graders.sandbox import SANDBOX_ENDED, RunResult, Sandbox, SandboxLimits
+from atlas.graders.sandbox import SANDBOX_ENDED, QuestionLock, RunResult, Sandbox, SandboxLimits
 
 DETAIL_CHARS = 240  # longest TestOutcome.detail
 EXCERPT_CHARS = 60  # longest expected / got excerpt inside a detail
@@ -194,6 +195,12 @@ def _check_tests(tests: Sequence[TestCase], func_name: str | None) -> None:
         raise ValueError("functional tests need func_name (the Solution method to call)")
 
 
+def tests_key(tests: Sequence[TestCase]) -> str:
+    """A test set's question key: the hash of its inputs and expected outputs, in order."""
+    text = json.dumps([[t.input, t.output] for t in tests], ensure_ascii=False)
+    return "tests:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def grade_code(
     code: str,
     tests: Sequence[TestCase],
@@ -201,15 +208,19 @@ def grade_code(
     func_name: str | None,
     cfg: GraderConfig,
     sandbox: Sandbox | None = None,
+    question: str | None = None,
 ) -> Verdict:
     """Run `code` on `tests` in order, one sandboxed child per test, and judge each. A wrong answer
     never stops the tests; a timeout, an error or the program's spent time budget does.
 
     `sandbox`: one started ahead for this program (never loaded), which grade_code loads and
-    closes; by default it starts its own."""
+    closes; by default it starts its own. `question`: what the program is an attempt at (by
+    default its tests): no other program of it runs on this host meanwhile (sandbox.QuestionLock)."""
     try:
         _check_tests(tests, func_name)
-    except ValueError:
+        # Held until every test has run: waiting for it is no part of the program's time budget.
+        alone = QuestionLock(question or tests_key(tests))
+    except BaseException:
         if sandbox is not None:
             sandbox.close()
         raise
@@ -257,6 +268,7 @@ def grade_code(
     finally:
         if box is not None:
             box.close()
+        alone.release()
 
     passed = sum(o.status == "passed" for o in outcomes)
     status = next((v for v in verdict_of_test if v != "passed"), "passed")

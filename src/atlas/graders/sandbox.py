@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import marshal
 import os
@@ -238,6 +239,34 @@ def _root_binds(prefix_source: str) -> list[str]:
     return args
 
 
+# Entries of /proc that a program keeps: its own processes' folders, reached through these links.
+PROC_KEPT = ("self", "thread-self")
+
+
+@functools.cache
+def _proc_covers() -> tuple[str, ...]:
+    """bwrap arguments that cover every top-level entry of the sandbox's /proc but the folders of
+    its own processes: the rest (stat, loadavg, meminfo, sys/fs/file-nr, sys/kernel/pty/nr, ...)
+    holds counters the whole host shares, which a program could move and a neighbour read. The
+    entries are read from this host's /proc (the same kernel's): folders get an empty read-only
+    tmpfs, files /dev/null, links (mounts, net: into self) stay."""
+    names = sorted(os.listdir("/proc"))
+    if "stat" not in names:  # a /proc mounted with subset=pid hides what a fresh one shows
+        raise SandboxUnavailable(
+            "this host's /proc hides its global entries (subset=pid?): cannot tell which to cover"
+        )
+    args: list[str] = []
+    for name in names:
+        path = f"/proc/{name}"
+        if name.isdigit() or name in PROC_KEPT or os.path.islink(path):
+            continue
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+        else:
+            args += ["--ro-bind", "/dev/null", path]
+    return tuple(args)
+
+
 def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str], uid: int | None) -> list[str]:
     """The whole command line of one program's sandbox; `uid`: the host uid to run it as (when the
     grader is root)."""
@@ -262,8 +291,14 @@ def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str], 
         *_root_binds(STAGE_PYTHON if as_root else PREFIX),
         "--proc",
         "/proc",
+        *_proc_covers(),
         "--dev",
         "/dev",
+        # no pseudo-terminals: each draws on a count the whole host shares
+        "--tmpfs",
+        "/dev/pts",
+        "--remount-ro",
+        "/dev/pts",
         "--remount-ro",
         "/dev",
         *(
@@ -327,6 +362,68 @@ def _claim_uid(base: int) -> int:
 def _release_uid(uid: int) -> None:
     with _uid_lock:
         _uids_taken.discard(uid)
+
+
+# --- one question's programs, one at a time ------------------------------------------------------
+
+LOCKS_PREFIX = "atlas-grading-"  # + the euid: the folder of the question locks, in the temp folder
+
+
+def _locks_folder() -> str:
+    """This user's folder of question locks (made on first use), refused unless it is a folder of
+    this user that no one else may write to."""
+    path = os.path.join(tempfile.gettempdir(), f"{LOCKS_PREFIX}{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise SandboxUnavailable(
+            f"{path}: not a folder of this user alone, so no question lock can live there"
+        )
+    return path
+
+
+class QuestionLock:
+    """Held while a program of one question runs: no other program of the same question runs on this
+    host meanwhile, in this process or another (training arms, validation, a verl job beside it).
+    Whatever two sandboxes graded at once could tell each other through the kernel they share
+    (timing, counters the kernel keeps for the whole host) is then about another question: no
+    program can copy an answer a concurrent attempt at its own question computed.
+
+    An exclusive flock on a file named by the key's hash, which the holder removes when it lets
+    go, so the folder holds only the locks held now; a waiter that wakes on a file already
+    removed (or replaced) starts again. Closing the descriptor releases the lock, also when the
+    grader dies."""
+
+    def __init__(self, key: str):
+        self.path = os.path.join(_locks_folder(), hashlib.sha256(key.encode("utf-8")).hexdigest()[:32])
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                held = os.fstat(fd)
+                try:
+                    named = os.stat(self.path, follow_symlinks=False)
+                except FileNotFoundError:
+                    named = None
+            except BaseException:
+                os.close(fd)
+                raise
+            if named is not None and (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                self.fd: int | None = fd
+                return
+            os.close(fd)  # the holder before us removed it: the lock is the file there now
+
+    def release(self) -> None:
+        if self.fd is not None:
+            try:
+                os.unlink(self.path)  # still ours: only a holder removes the file
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)
+            self.fd = None
 
 
 # --- scratch folders of unsandboxed runs ---------------------------------------------------------
@@ -430,6 +527,8 @@ class Sandbox:
     will run. Use as a context manager; `close` kills whatever is left and returns once every
     process of the sandbox is gone."""
 
+    lock: QuestionLock | None = None  # held from `load` to `close` when the program names its question
+
     def __init__(
         self,
         code: str | None = None,
@@ -437,13 +536,14 @@ class Sandbox:
         mode: str,
         limits: SandboxLimits,
         func_name: str | None = None,
+        question: str | None = None,
     ):
         _swept()
         self.limits, self.mode = limits, mode
         self.sandboxed = require_sandbox(limits.allow_unsandboxed)
         self._spawn()
         if code is not None:
-            self.load(code, func_name=func_name)
+            self.load(code, func_name=func_name, question=question)
 
     def _spawn(self) -> None:
         """Start the sandbox and send the driver its setup; `load` reads its ready reply."""
@@ -510,15 +610,26 @@ class Sandbox:
         # Into an empty pipe: this never waits for the driver.
         self.setup_sent = self._send(b"S", marshal.dumps(setup), time.monotonic() + START_TIMEOUT_S)
 
-    def load(self, code: str, *, func_name: str | None = None, mode: str | None = None) -> None:
+    def load(
+        self, code: str, *, func_name: str | None = None, mode: str | None = None, question: str | None = None
+    ) -> None:
         """Give the sandbox its program (`mode` defaults to the one it was started for: "stdin" and
-        "functional" are interchangeable, "script" is not). Once only: a sandbox runs one program."""
+        "functional" are interchangeable, "script" is not). Once only: a sandbox runs one program.
+        `question`: what the program is an attempt at (a question's uid, a test set's hash); the
+        program waits here until no other program of it runs on this host, and holds it until
+        `close` (QuestionLock)."""
         mode = mode or self.mode
         if self.loaded:
             raise RuntimeError("a sandbox runs one program only")
         if (mode == "script") != (self.mode == "script"):
             raise ValueError(f"a sandbox started for mode {self.mode!r} cannot run a {mode!r} program")
         self.mode, self.loaded = mode, True
+        if question is not None:
+            try:
+                self.lock = QuestionLock(question)
+            except BaseException:
+                self.close()
+                raise
         program = {
             "code": code,
             "mode": mode,
@@ -651,6 +762,9 @@ class Sandbox:
         if self.cgroup is not None:  # what escaped the kill above, then the cgroups themselves
             self.cgroup.close()
             self.cgroup = None
+        if self.lock is not None:  # nothing of the program runs: the next one of its question may
+            self.lock.release()
+            self.lock = None
 
     def __enter__(self) -> Sandbox:
         return self
@@ -714,10 +828,12 @@ def require_sandbox(allow_unsandboxed: bool) -> bool:
     return isolation_available()
 
 
-def run_program(code: str, stdin: str = "", *, limits: SandboxLimits) -> RunResult:
+def run_program(
+    code: str, stdin: str = "", *, limits: SandboxLimits, question: str | None = None
+) -> RunResult:
     """Run `code` as a plain Python program (`__main__`, file main.py) on `stdin`, in a sandbox of
-    its own, and keep `max_output_bytes` of its output."""
-    with Sandbox(code, mode="script", limits=limits) as box:
+    its own, and keep `max_output_bytes` of its output; `question` as in `Sandbox.load`."""
+    with Sandbox(code, mode="script", limits=limits, question=question) as box:
         return box.run(stdin, timeout_s=limits.timeout_s, keep_bytes=limits.max_output_bytes)
 
 

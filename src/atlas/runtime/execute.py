@@ -1,7 +1,8 @@
 """Run one parsed tool call: the sandboxed program runs and graders behind each tool.
 
 `execute_call` returns a ToolResult; the episode turns it into the record's tool status, output
-and score. Scores come only from here: a GPQA submit is graded against the stored permutation's
+and score. Every program of a question runs alone on the host, apart from the other attempts at
+that question (sandbox.QuestionLock): samples of one question cannot share what they computed. Scores come only from here: a GPQA submit is graded against the stored permutation's
 letter, an LCB submit on all tests (1.0 when every test passes, the pass@1 of one program).
 """
 
@@ -64,7 +65,9 @@ def execute_call(
         score = grade_letter(args["answer"], question["correct_letter"])
         return ToolResult("ok", f"submitted {args['answer']}", score, True, True)
     if source == "gpqa" and name == "python":
-        run = run_program(args["code"], limits=SandboxLimits.from_config(graders))
+        run = run_program(
+            args["code"], limits=SandboxLimits.from_config(graders), question=question["question_uid"]
+        )
         output = run.stdout
         if run.status == "timeout":
             output = f"[timed out after {graders.test_timeout_s:g} s]\n{run.stdout}"
@@ -80,6 +83,7 @@ def execute_call(
             public,
             func_name=question.get("func_name"),
             cfg=graders,
+            question=question["question_uid"],
         )
         score = 1.0 if name == "submit" and verdict.status == "passed" else 0.0
         return ToolResult(
