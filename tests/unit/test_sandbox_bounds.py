@@ -6,6 +6,8 @@ what tests/test_graders.py checks inside bubblewrap; these tests pin the arithme
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from atlas.config.graders import GraderConfig
@@ -53,10 +55,14 @@ def test_the_default_configuration_is_what_the_dataclass_defaults_say():
     assert (limits.allow_unsandboxed, limits.cpu_cores, limits.scratch_inodes) == (False, 1.0, 4096)
 
 
-def test_a_sandbox_cgroup_bounds_program_scratch_and_driver_together():
-    # memory_mb 515 + scratch_mb 9 + the driver's 64 MiB; 7 processes + the driver and two bwraps
+def test_a_sandbox_cgroup_bounds_program_scratch_and_driver_together(monkeypatch):
+    # memory_mb 515 + scratch_mb 9 + the driver's 64 MiB; 7 processes + the driver and the bwraps:
+    # the sandbox's monitor, and as root the root stage's monitor and its PID namespace's init
     limits = SandboxLimits.from_config(CFG)
-    assert (limits.cgroup_memory_bytes, limits.cgroup_pids) == ((515 + 9 + 64) << 20, 10)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert (limits.cgroup_memory_bytes, limits.cgroup_pids) == ((515 + 9 + 64) << 20, 11)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert limits.cgroup_pids == 9
 
 
 @pytest.mark.parametrize("timeout_s, expected", [(None, 2.5), (7.5, 7.5), (0.25, 0.25)])

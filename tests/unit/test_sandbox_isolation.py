@@ -427,6 +427,30 @@ time.sleep(0.2)  # the leader is a zombie by now, its thread alive
 # --- 8. CPU and memory bounds per sandbox ----------------------------------------------------------
 
 
+def test_a_program_runs_at_most_max_processes_tasks():
+    """The process bound counted bwrap's monitor, which lives outside the sandbox's user namespace,
+    where the kernel does not count it: a program got one process more than max_processes."""
+    limits = SandboxLimits.from_config(CFG.model_copy(update={"max_processes": 4}))
+    seen = probe(
+        """
+import os, time
+children = []
+try:
+    for _ in range(20):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        children.append(pid)
+except BlockingIOError:
+    pass
+seen["children"] = len(children)
+""",
+        limits,
+    )
+    assert seen == {"children": 3}  # the program itself and three children: four tasks
+
+
 def test_a_sandbox_lives_in_cgroups_that_hold_its_bounds():
     layout = cgroups.layout()
     assert layout.missing == "", layout.missing  # CI's hosts give cgroups; say so if not
@@ -435,7 +459,7 @@ def test_a_sandbox_lives_in_cgroups_that_hold_its_bounds():
         read = lambda controller, name: Path(box.cgroup.file(controller, name)).read_text().split()  # noqa: E731
         memory = read("memory", "memory.max" if "memory" in layout.v2 else "memory.limit_in_bytes")
         assert memory == [str((256 + 64 + 64) << 20)]  # memory_mb + scratch_mb + the driver's 64 MiB
-        assert read("pids", "pids.max") == ["8"]  # max_processes + the driver and two bwraps
+        assert read("pids", "pids.max") == ["9"]  # max_processes + the driver and three bwraps (root)
         if "cpu" in layout.v2:
             assert read("cpu", "cpu.max") == ["50000", "100000"]
         else:

@@ -689,8 +689,9 @@ def main() -> None:
     if frame is None or frame[0] != b"S":
         sys.exit("atlas sandbox driver: expected a setup frame")
     setup = marshal.loads(frame[1])
-    # Every process and thread of the sandbox's uid counts, the driver and bwrap's monitor included.
-    limit = setup["max_processes"] + 2
+    # The kernel counts the tasks of the sandbox's user namespace and uid: the driver and the
+    # program's processes and threads (bwrap's monitor sits outside the namespace).
+    limit = setup["max_processes"] + 1
     resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
     prctl = _Prctl()
     if contained:  # a program cannot ptrace the driver or open its descriptors or memory via /proc

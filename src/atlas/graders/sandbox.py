@@ -152,8 +152,10 @@ class SandboxLimits:
 
     @property
     def cgroup_pids(self) -> int:
-        """The sandbox cgroup's task bound: the program's, the driver and the bwrap processes."""
-        return self.max_processes + 3
+        """The sandbox cgroup's task bound: the program's `max_processes`, the driver and the bwrap
+        processes (the sandbox's monitor, and as root the root stage's two: its monitor and its
+        PID namespace's init)."""
+        return self.max_processes + (4 if os.geteuid() == 0 else 2)
 
     @classmethod
     def from_config(cls, cfg: GraderConfig, timeout_s: float | None = None) -> SandboxLimits:
