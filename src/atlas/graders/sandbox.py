@@ -241,17 +241,23 @@ def _root_binds(prefix_source: str) -> list[str]:
     return args
 
 
-# Entries of /proc that a program keeps: its own processes' folders, reached through these links.
-PROC_KEPT = ("self", "thread-self")
+# Top-level entries of /proc that a program may see: the folders of its own processes (through
+# these links), and what holds no count that moves with what other processes do (fixed while the
+# host runs, the program's own, or readable by root alone). Every other entry, and any a newer
+# kernel adds, is covered.
+PROC_KEPT = frozenset(
+    "self thread-self cmdline config.gz consoles crypto devices dma execdomains filesystems iomem "
+    "ioports kallsyms keys misc mtrr partitions version acpi bus driver irq sysvipc tty".split()
+)
 
 
 @functools.cache
 def _proc_covers() -> tuple[str, ...]:
-    """bwrap arguments that cover every top-level entry of the sandbox's /proc but the folders of
-    its own processes: the rest (stat, loadavg, meminfo, sys/fs/file-nr, sys/kernel/pty/nr, ...)
-    holds counters the whole host shares, which a program could move and a neighbour read. The
-    entries are read from this host's /proc (the same kernel's): folders get an empty read-only
-    tmpfs, files /dev/null, links (mounts, net: into self) stay."""
+    """bwrap arguments that cover the top-level entries of the sandbox's /proc that hold counters
+    the whole host shares (stat, loadavg, meminfo, sys/fs/file-nr, sys/kernel/pty/nr, ...), which
+    a program could move and a neighbour read. The entries are read from this host's /proc (the
+    same kernel's): folders get an empty read-only tmpfs, files /dev/null (on a mount that opens
+    no device), links (mounts, net: into self) stay, and so do files only root may read."""
     names = sorted(os.listdir("/proc"))
     if "stat" not in names:  # a /proc mounted with subset=pid hides what a fresh one shows
         raise SandboxUnavailable(
@@ -262,9 +268,10 @@ def _proc_covers() -> tuple[str, ...]:
         path = f"/proc/{name}"
         if name.isdigit() or name in PROC_KEPT or os.path.islink(path):
             continue
-        if os.path.isdir(path):
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
             args += ["--tmpfs", path, "--remount-ro", path]
-        else:
+        elif info.st_mode & stat.S_IROTH:
             args += ["--ro-bind", "/dev/null", path]
     return tuple(args)
 
