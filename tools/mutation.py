@@ -11,7 +11,9 @@ reaches which function, then runs only those tests against each mutant in a work
 fork server that has imported torch and the runtime (PRELOAD). Modules whose tests need the tiny
 model get it built once per run (PREBUILT); ONLY_FUNCTIONS scores some functions of a file. It
 needs `pip install mutmut==3.8.1`; it is not a CI step and pytest never collects it (minutes of
-CPU per module). The table it prints is the one in docs/testing.md.
+CPU per module). mutmut runs with three operators of tools/mutation_ops.py beside its own: an
+`if` always and never taken, a `while` never entered, a `for` over nothing. The table it prints is
+the one in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -111,6 +113,13 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "drift": (["src/atlas/rl/drift.py"], ["tests/unit/test_drift.py"]),
+    "driver": (
+        ["src/atlas/graders/driver.py"],
+        [
+            "tests/unit/test_driver_units.py",
+            "tests/unit/test_lcb_prefix.py::test_the_drivers_done_frame_is_the_json_of_its_dict",
+        ],
+    ),
     "lcb_reader": (["src/atlas/data/lcb.py"], ["tests/unit/test_lcb.py", "tests/unit/test_lcb_rows.py"]),
     "roundtrip": (
         ["src/atlas/checks/roundtrip.py"],
@@ -142,6 +151,21 @@ ONLY_FUNCTIONS: dict[str, set[str]] = {
     },
     # The pool: the order of the verdicts, the sandboxes started ahead, the number of workers.
     "grade_many": {"grade_many"},
+    # What the driver decides in its own process: the seccomp program, a returned value's JSON and
+    # bounds, the exit status, the scratch folder's emptying, the frames. The rest runs only
+    # inside a sandbox, where mutmut's mutants cannot (the sandbox tests run it there).
+    "driver": {
+        "seccomp_program",
+        "to_json",
+        "_value_of",
+        "_exit_status",
+        "wipe",
+        "_read_exact",
+        "read_frame",
+        "write_all",
+        "send",
+        "done_json",
+    },
 }
 
 # Modules whose tests use the tiny model and the prepared data: both are built once per run by
@@ -248,7 +272,8 @@ def run_module(label: str, sources: list[str], tests: list[str], children: int, 
             subprocess.run(build, cwd=work, env=env, check=True)
             data, model = work / PREBUILT_DATA, work / PREBUILT_MODEL
             env |= {"ATLAS_TEST_TINY_MODEL": str(model), "ATLAS_TEST_DATA_DIR": str(data)}
-        mutmut = [sys.executable, "-m", "mutmut"]
+        # mutmut's command line with the operators it lacks (a condition or a loop removed)
+        mutmut = [sys.executable, str(REPO / "tools" / "mutation_ops.py")]
         bound = ADDRESS_SPACE.get(label)
         run = subprocess.run(
             [*mutmut, "run", "--max-children", str(children)],
