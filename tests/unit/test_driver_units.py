@@ -33,14 +33,18 @@ X86_64_REFUSED = {
     "fspick": 433, "mount_setattr": 442, "flock": 73, "inotify_init": 253, "inotify_init1": 294,
     "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301, "mincore": 27,
     "cachestat": 451, "readahead": 187, "fadvise64": 221, "preadv2": 327, "pwritev2": 328,
-    "process_madvise": 440, "sync": 162, "syncfs": 306, "sysinfo": 99,
+    "process_madvise": 440, "sync": 162, "syncfs": 306, "sysinfo": 99, "fsync": 74,
+    "fdatasync": 75, "sync_file_range": 277, "msync": 26, "sched_setaffinity": 203,
+    "io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209, "io_cancel": 210,
+    "io_pgetevents": 333,
 }  # fmt: skip
 X86_64_ALLOWED = {
     "read": 0, "write": 1, "close": 3, "fstat": 5, "mmap": 9, "munmap": 11, "clone": 56,
-    "fork": 57, "execve": 59, "exit": 60, "wait4": 61, "kill": 62, "fsync": 74, "getpid": 39,
+    "fork": 57, "execve": 59, "exit": 60, "wait4": 61, "kill": 62, "getpid": 39,
     "exit_group": 231, "openat": 257, "pipe2": 293, "clone3": 435, "getrandom": 318,
+    "sched_getaffinity": 204, "setsockopt": 54,
 }  # fmt: skip
-SOCKET, SOCKETPAIR, FCNTL, MADVISE = 41, 53, 72, 28  # x86_64
+SOCKET, SOCKETPAIR, FCNTL, MADVISE, GETSOCKOPT, PRCTL = 41, 53, 72, 28, 55, 157  # x86_64
 
 
 def run_filter(program: bytes, nr: int, args: tuple[int, ...] = (), arch: int = X86_64) -> int:
@@ -81,6 +85,18 @@ def test_the_childs_filter_refuses_exactly_the_listed_calls(child_filter):
         assert run_filter(child_filter, nr) == ALLOW, name
     refused = {nr for nr in range(460) if run_filter(child_filter, nr) == EPERM}
     assert refused == set(X86_64_REFUSED.values()) | {SOCKET, SOCKETPAIR}  # bare: AF_UNSPEC (0)
+
+
+def test_getsockopt_and_prctl_are_refused_by_option(child_filter):
+    SOL_SOCKET, SO_TYPE, SO_RCVBUF, SO_COOKIE = 1, 3, 8, 57
+    assert run_filter(child_filter, GETSOCKOPT, (3, SOL_SOCKET, SO_COOKIE)) == EPERM
+    assert run_filter(child_filter, GETSOCKOPT, (3, SOL_SOCKET, SO_COOKIE | 1 << 32)) == EPERM
+    for option in (SO_TYPE, SO_RCVBUF):
+        assert run_filter(child_filter, GETSOCKOPT, (3, SOL_SOCKET, option)) == ALLOW
+    PR_GET_DUMPABLE, PR_SET_DUMPABLE, PR_SET_NAME, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 3, 4, 15, 38, 22
+    assert run_filter(child_filter, PRCTL, (PR_SET_DUMPABLE, 1)) == EPERM
+    for option in (PR_GET_DUMPABLE, PR_SET_NAME, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP):
+        assert run_filter(child_filter, PRCTL, (option, 0)) == ALLOW
 
 
 def test_another_abi_is_refused_whatever_its_number(child_filter):
@@ -131,13 +147,16 @@ def test_the_aarch64_table():
     program = driver.seccomp_program("aarch64")
     # include/uapi/asm-generic/unistd.h; aarch64 has no inotify_init (the one without flags)
     refused = {"ptrace": 117, "memfd_create": 279, "mount": 40, "flock": 32, "inotify_init1": 26,
-               "mincore": 232, "sync": 81, "syncfs": 267, "sysinfo": 179, "setns": 268, "bpf": 280}  # fmt: skip
+               "mincore": 232, "sync": 81, "syncfs": 267, "sysinfo": 179, "setns": 268, "bpf": 280,
+               "io_setup": 0, "io_submit": 2, "fsync": 82, "msync": 227, "sched_setaffinity": 122}  # fmt: skip
     for name, nr in refused.items():
         assert run_filter(program, nr, arch=AARCH64) == EPERM, name
-    for name, nr in {"read": 63, "write": 64, "openat": 56, "clone": 220, "fsync": 82}.items():
+    for name, nr in {"read": 63, "write": 64, "openat": 56, "clone": 220, "getpid": 172}.items():
         assert run_filter(program, nr, arch=AARCH64) == ALLOW, name
     assert run_filter(program, 198, (1,), arch=AARCH64) == ALLOW  # socket(AF_UNIX)
     assert run_filter(program, 198, (40,), arch=AARCH64) == EPERM
+    assert run_filter(program, 209, (3, 1, 57), arch=AARCH64) == EPERM  # getsockopt SO_COOKIE
+    assert run_filter(program, 167, (4, 1), arch=AARCH64) == EPERM  # prctl PR_SET_DUMPABLE
     assert run_filter(program, 63, arch=X86_64) == EPERM  # the x86_64 ABI on an aarch64 filter
     assert run_filter(program, 0x40000000 | 63, arch=AARCH64) == ALLOW  # no x32 rule there
 

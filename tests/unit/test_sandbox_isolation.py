@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,12 @@ from atlas.config.graders import GraderConfig
 from atlas.config.study import config_slice, load_config
 from atlas.data.schema import TestCase as Case  # not `Test*`: pytest would collect it
 from atlas.graders import cgroups
-from atlas.graders.lcb import compare_functional, grade_code, grade_many
+from atlas.graders.lcb import compare_functional, grade_code, grade_many, key_of_tests
 from atlas.graders.sandbox import (
     SANDBOX_ENDED,
     Sandbox,
     SandboxLimits,
+    lock_path,
     run_program,
     sandboxed_processes,
     sweep_stale_scratch,
@@ -355,10 +357,65 @@ number = {"x86_64": (162, 306), "aarch64": (81, 267)}[os.uname().machine]
 attempt("sync", lambda: checked(libc.syscall(number[0])))
 usr = os.open("/usr", os.O_RDONLY)
 attempt("syncfs", lambda: checked(libc.syscall(number[1], usr)))
-attempt("fsync", lambda: os.fsync(os.open("/tmp/own", os.O_CREAT | os.O_WRONLY)))
+library = os.open(os.__file__, os.O_RDONLY)  # read-only, and a flush of the host's disk all the same
+attempt("fsync", lambda: os.fsync(library))
+attempt("fdatasync", lambda: os.fdatasync(library))
 """
     )
-    assert seen == {"sync": "EPERM", "syncfs": "EPERM", "fsync": "allowed"}  # its own files: its own
+    assert seen == {"sync": "EPERM", "syncfs": "EPERM", "fsync": "EPERM", "fdatasync": "EPERM"}
+
+
+def test_the_kernels_shared_pools_counters_and_page_probes_are_refused():
+    """Round two: AIO reads in flight kept a killed sandbox alive for seconds, reading the host's
+    disk, and io_setup took the host's whole AIO pool; SO_COOKIE numbered sockets from a counter
+    the whole host shares (one sample of a question left its answer there for the next, pinned to
+    one CPU); a child that made itself dumpable again read which pages of a shared file were
+    cached through /proc/self/pagemap; /proc/irq showed the host's interrupt counts."""
+    seen = probe(
+        ERRNO
+        + """
+import socket
+x86 = os.uname().machine == "x86_64"
+context = ctypes.c_ulong()
+attempt("io_setup", lambda: checked(libc.syscall(206 if x86 else 0, 16, ctypes.byref(context))))
+unix = socket.socket(socket.AF_UNIX)
+attempt("SO_COOKIE", lambda: unix.getsockopt(socket.SOL_SOCKET, 57, 8))
+attempt("SO_TYPE", lambda: unix.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE))
+attempt("PR_SET_DUMPABLE", lambda: checked(libc.prctl(4, 1, 0, 0, 0)))
+attempt("pagemap", lambda: os.close(os.open("/proc/self/pagemap", os.O_RDONLY)))
+attempt("sched_setaffinity", lambda: os.sched_setaffinity(0, {0}))
+attempt("sched_getaffinity", lambda: os.sched_getaffinity(0))
+seen["/proc/irq"] = os.listdir("/proc/irq")
+"""
+    )
+    assert seen == {
+        "io_setup": "EPERM",
+        "SO_COOKIE": "EPERM",
+        "SO_TYPE": "allowed",
+        "PR_SET_DUMPABLE": "EPERM",
+        "pagemap": "EACCES",  # the child is as undumpable as the driver it was forked from
+        "sched_setaffinity": "EPERM",
+        "sched_getaffinity": "allowed",
+        "/proc/irq": [],
+    }
+
+
+def test_a_cgroup_left_by_a_process_that_would_not_die_is_removed_by_the_next_sandbox():
+    """A process asleep in the kernel outlived its sandbox's close, and its cgroups stayed for as
+    long as the grader lived. Each new sandbox tries them again."""
+    layout = cgroups.layout()
+    assert layout.missing == "", layout.missing
+    stuck = cgroups.Cgroup(64 << 20, 8, 1.0)
+    folders, stuck.folders = stuck.folders, []  # its close gave up on them, as on a sleeping process
+    cgroups._left.extend(folders)
+    try:
+        with Sandbox("print(1)", mode="script", limits=LIMITS):
+            assert [f for f in folders if os.path.isdir(f)] == []
+            assert cgroups._left == []
+    finally:
+        for folder in folders:
+            if os.path.isdir(folder):
+                os.rmdir(folder)
 
 
 TIMED = """import time
@@ -403,6 +460,24 @@ def test_two_programs_of_one_question_never_run_at_once():
         same = list(pool.map(run, ["gpqa:same", "gpqa:same"]))
         other = list(pool.map(run, ["gpqa:one", "gpqa:another"]))
     assert not overlap(*same) and overlap(*other)
+    # each lock's file goes with its last holder: the folder holds the locks held now
+    keys = ["gpqa:same", "gpqa:one", "gpqa:another", key_of_tests(first), key_of_tests(second)]
+    assert [os.path.exists(lock_path(key)) for key in keys] == [False] * 5
+
+
+def test_the_lock_folder_is_the_same_whatever_the_environment(tmp_path, monkeypatch):
+    """Graders with different temp folders (two jobs, each its own $TMPDIR) took no turns."""
+    here = lock_path("q")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert lock_path("q") == here and not here.startswith(str(tmp_path))
+    folder = os.path.dirname(here)
+    os.chmod(folder, 0o777)  # widened by something of this user (a program run unsandboxed)
+    try:
+        assert lock_path("q") == here
+        assert os.stat(folder).st_mode & 0o777 == 0o700
+    finally:
+        os.chmod(folder, 0o700)
 
 
 # --- 7. a process that outlives its test -------------------------------------------------------

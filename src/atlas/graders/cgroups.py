@@ -159,6 +159,26 @@ def say_missing_once() -> None:
 
 
 _counter = itertools.count()
+# Cgroups of this grader's closed sandboxes that could not be removed yet (a process of theirs
+# slept in the kernel past REMOVE_S): each new sandbox tries them again, so a living grader leaves
+# none behind for long.
+_left: list[str] = []
+_left_lock = threading.Lock()
+
+
+def _retry_left() -> None:
+    with _left_lock:
+        waiting = list(_left)
+        _left.clear()
+    for folder in waiting:
+        _kill_all(folder)
+        try:
+            os.rmdir(folder)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            with _left_lock:
+                _left.append(folder)
 
 
 class Cgroup:
@@ -166,6 +186,7 @@ class Cgroup:
     sandbox's first process (`procs_files`), killed and removed by `close`."""
 
     def __init__(self, memory_bytes: int, max_pids: int, cpu_cores: float):
+        _retry_left()
         self.layout = found = layout()
         self.name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
         self.folders: list[str] = []
@@ -250,6 +271,8 @@ def _remove(folder: str) -> None:
             return
         except OSError:  # EBUSY while the last killed processes are released
             if time.monotonic() >= give_up:
+                with _left_lock:
+                    _left.append(folder)
                 return
             _kill_all(folder)
             time.sleep(0.005)

@@ -73,8 +73,14 @@ DRIVER_HEADROOM_MB = 512  # the driver's own RLIMIT_AS is the program's memory_m
 #   commands, which work on the read-only files every sandbox sees), inotify, fanotify and dnotify
 #   (what a neighbour opens), and the page cache's probes and levers (mincore, cachestat,
 #   RWF_NOWAIT reads, readahead, fadvise, the madvise advice that reads ahead or pages out),
-#   the host-wide counts sysinfo gives (processes, shared memory), and sync / syncfs, which make
-#   the host write out every filesystem and hold the caller unkillable meanwhile;
+#   the host-wide counts sysinfo gives (processes, shared memory), SO_COOKIE (a counter of the
+#   whole host's sockets), sched_setaffinity (a program pinned to one CPU reads the counters the
+#   kernel keeps per CPU more exactly), and PR_SET_DUMPABLE (a dumpable child reads which pages
+#   of a shared file are cached through /proc/self/pagemap);
+# - what makes the host's disks work for a program beyond its bounds: sync, syncfs, and fsync,
+#   fdatasync, sync_file_range and msync, which flush the disk even for a file opened read-only,
+#   and the kernel's AIO (io_setup, io_submit, ...): a process with reads in flight cannot be
+#   killed until they end, and io_setup takes from a pool the whole host shares;
 # - sockets of any family but AF_UNIX: AF_VSOCK ignores network namespaces, AF_NETLINK reaches
 #   the kernel, and the sandbox's own network namespace holds nothing for the others.
 # The driver runs under the same filter but for DRIVER_NEEDS: it creates each test's stdin memfd
@@ -87,7 +93,8 @@ DENIED = (
     "mount open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr "
     "flock inotify_init inotify_init1 inotify_add_watch fanotify_init fanotify_mark "
     "mincore cachestat readahead fadvise64 preadv2 pwritev2 process_madvise "
-    "sync syncfs sysinfo"
+    "sync syncfs fsync fdatasync sync_file_range msync sysinfo sched_setaffinity "
+    "io_setup io_submit io_getevents io_pgetevents io_cancel io_destroy"
 ).split()
 DRIVER_NEEDS = ("memfd_create", "pidfd_open")
 AF_UNIX = 1
@@ -98,11 +105,15 @@ FCNTL_DENIED = (5, 6, 7, 36, 37, 38, 1024, 1025, 1026)
 MADVISE_DENIED = (3, 20, 21, 22, 23)
 # System calls judged by one argument (its low 32 bits, all the kernel reads of an int):
 # (name, argument index, values, whether the values are the only ones allowed or the ones refused).
+SO_COOKIE = 57  # getsockopt(SOL_SOCKET, SO_COOKIE): a number from a counter the whole host shares
+PR_SET_DUMPABLE = 4
 ARGUMENT_RULES = (
     ("socket", 0, (AF_UNIX,), "allow"),
     ("socketpair", 0, (AF_UNIX,), "allow"),
     ("fcntl", 1, FCNTL_DENIED, "deny"),
     ("madvise", 2, MADVISE_DENIED, "deny"),
+    ("getsockopt", 2, (SO_COOKIE,), "deny"),
+    ("prctl", 0, (PR_SET_DUMPABLE,), "deny"),
 )
 _COMMON = {  # numbers shared by every architecture since Linux 5.1
     "pidfd_getfd": 438, "pidfd_open": 434, "io_uring_setup": 425, "io_uring_enter": 426,
@@ -122,7 +133,9 @@ SYSCALLS = {
         "inotify_add_watch": 254, "fanotify_init": 300, "fanotify_mark": 301, "mincore": 27,
         "readahead": 187, "fadvise64": 221, "preadv2": 327, "pwritev2": 328, "socket": 41,
         "socketpair": 53, "fcntl": 72, "madvise": 28, "sync": 162, "syncfs": 306, "sysinfo": 99,
-        **_COMMON,
+        "fsync": 74, "fdatasync": 75, "sync_file_range": 277, "msync": 26, "sched_setaffinity": 203,
+        "io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209, "io_cancel": 210,
+        "io_pgetevents": 333, "getsockopt": 55, "prctl": 157, **_COMMON,
     }),
     "aarch64": (0xC00000B7, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
@@ -133,7 +146,9 @@ SYSCALLS = {
         "inotify_add_watch": 27, "fanotify_init": 262, "fanotify_mark": 263, "mincore": 232,
         "readahead": 213, "fadvise64": 223, "preadv2": 286, "pwritev2": 287, "socket": 198,
         "socketpair": 199, "fcntl": 25, "madvise": 233, "sync": 81, "syncfs": 267, "sysinfo": 179,
-        **_COMMON,
+        "fsync": 82, "fdatasync": 83, "sync_file_range": 84, "msync": 227, "sched_setaffinity": 122,
+        "io_setup": 0, "io_destroy": 1, "io_submit": 2, "io_cancel": 3, "io_getevents": 4,
+        "io_pgetevents": 292, "getsockopt": 209, "prctl": 167, **_COMMON,
     }),
 }  # fmt: skip
 X32_BIT = 0x40000000  # x86_64 system calls of the x32 ABI: refused as a whole

@@ -195,7 +195,7 @@ def _check_tests(tests: Sequence[TestCase], func_name: str | None) -> None:
         raise ValueError("functional tests need func_name (the Solution method to call)")
 
 
-def tests_key(tests: Sequence[TestCase]) -> str:
+def key_of_tests(tests: Sequence[TestCase]) -> str:
     """A test set's question key: the hash of its inputs and expected outputs, in order."""
     text = json.dumps([[t.input, t.output] for t in tests], ensure_ascii=False)
     return "tests:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -219,7 +219,7 @@ def grade_code(
     try:
         _check_tests(tests, func_name)
         # Held until every test has run: waiting for it is no part of the program's time budget.
-        alone = QuestionLock(question or tests_key(tests))
+        alone = QuestionLock(question or key_of_tests(tests))
     except BaseException:
         if sandbox is not None:
             sandbox.close()

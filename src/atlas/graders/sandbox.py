@@ -247,7 +247,7 @@ def _root_binds(prefix_source: str) -> list[str]:
 # kernel adds, is covered.
 PROC_KEPT = frozenset(
     "self thread-self cmdline config.gz consoles crypto devices dma execdomains filesystems iomem "
-    "ioports kallsyms keys misc mtrr partitions version acpi bus driver irq sysvipc tty".split()
+    "ioports kallsyms keys misc mtrr partitions version acpi bus driver sysvipc tty".split()
 )
 
 
@@ -375,23 +375,36 @@ def _release_uid(uid: int) -> None:
 
 # --- one question's programs, one at a time ------------------------------------------------------
 
-LOCKS_PREFIX = "atlas-grading-"  # + the euid: the folder of the question locks, in the temp folder
+LOCKS_PREFIX = "atlas-grading-"  # + the euid: the folder of the question locks
+# Where that folder goes: the first of these that exists, the same for every grader of a user on
+# a host whatever its environment ($TMPDIR differs between jobs; a job's /tmp may be its own).
+LOCK_PARENTS = ("/run/lock", "/dev/shm", "/var/tmp", "/tmp")
 
 
 def _locks_folder() -> str:
     """This user's folder of question locks (made on first use), refused unless it is a folder of
-    this user that no one else may write to."""
-    path = os.path.join(tempfile.gettempdir(), f"{LOCKS_PREFIX}{os.geteuid()}")
+    this user; its mode is put back to 0700 if something of this user widened it."""
+    parent = next((p for p in LOCK_PARENTS if os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)), None)
+    if parent is None:
+        raise SandboxUnavailable(
+            f"none of {', '.join(LOCK_PARENTS)} is a writable folder for the question locks"
+        )
+    path = os.path.join(parent, f"{LOCKS_PREFIX}{os.geteuid()}")
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise SandboxUnavailable(
-            f"{path}: not a folder of this user alone, so no question lock can live there"
-        )
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise SandboxUnavailable(f"{path}: not a folder of this user, so no question lock can live there")
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
     return path
+
+
+def lock_path(key: str) -> str:
+    """The file whose flock is the question lock of `key`."""
+    return os.path.join(_locks_folder(), hashlib.sha256(key.encode("utf-8")).hexdigest()[:32])
 
 
 class QuestionLock:
@@ -407,7 +420,7 @@ class QuestionLock:
     grader dies."""
 
     def __init__(self, key: str):
-        self.path = os.path.join(_locks_folder(), hashlib.sha256(key.encode("utf-8")).hexdigest()[:32])
+        self.path = lock_path(key)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
