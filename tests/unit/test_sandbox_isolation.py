@@ -465,6 +465,23 @@ def test_two_programs_of_one_question_never_run_at_once():
     assert [os.path.exists(lock_path(key)) for key in keys] == [False] * 5
 
 
+def test_a_lock_folder_that_is_not_this_users_stops_grading_at_start(tmp_path, monkeypatch):
+    from atlas.graders import sandbox
+
+    if os.geteuid() != 0:
+        pytest.skip("making a folder of another user needs root")
+    monkeypatch.setattr(sandbox, "LOCK_PARENTS", (str(tmp_path),))
+    folder = tmp_path / f"{sandbox.LOCKS_PREFIX}{os.geteuid()}"
+    folder.mkdir()
+    os.chown(folder, 12345, 12345)
+    with pytest.raises(sandbox.SandboxUnavailable, match=f"{folder}: not a folder of this user"):
+        sandbox.require_sandbox(False)
+    folder.rmdir()
+    folder.symlink_to(tmp_path)  # a link, even to a folder of this user
+    with pytest.raises(sandbox.SandboxUnavailable, match="not a folder of this user"):
+        sandbox.require_sandbox(False)
+
+
 def test_the_lock_folder_is_the_same_whatever_the_environment(tmp_path, monkeypatch):
     """Graders with different temp folders (two jobs, each its own $TMPDIR) took no turns."""
     here = lock_path("q")

@@ -836,9 +836,10 @@ def isolation_problem() -> str:
 
 def require_sandbox(allow_unsandboxed: bool) -> bool:
     """Whether programs run sandboxed here; raises SandboxUnavailable when bubblewrap cannot start
-    and running without it was not asked for (graders.allow_unsandboxed). Says once what this
-    host's cgroups cannot bound. Grading stages call it first, so a missing or broken bwrap stops
-    them at start."""
+    and running without it was not asked for (graders.allow_unsandboxed), or when the question
+    locks have no folder of this user's. Says once what this host's cgroups cannot bound. Grading
+    stages call it first, so a missing or broken bwrap stops them at start."""
+    _locks_folder()
     if not isolation_available() and not allow_unsandboxed:
         raise SandboxUnavailable(
             f"bubblewrap cannot start here ({isolation_problem()}); graded code runs only inside it. "
