@@ -249,11 +249,12 @@ def mutmut_config(sources: list[str], tests: list[str], preload: Path) -> str:
         'forkserver_warmup = "import"\n'
         f'preload_modules_file = "{preload}"\n'
         "use_git_change_detection = false\n"
-        # A mutant whose tests run past 10 x their clean time + 60 s never ends them (a loop whose
-        # exit was removed): the suite does not pass, so it is detected, in a column of its own.
-        # The bound is generous enough that a loaded machine alone never reaches it.
-        "timeout_multiplier = 10.0\n"
-        "timeout_constant = 60.0\n"
+        # A mutant whose tests run past 3 x (their clean time + 5 s) of wall time (mutmut's bound:
+        # (estimate + constant) x multiplier) never ends them: a loop whose exit it removed. The
+        # suite does not pass, so it is detected, in a column of its own; a loaded machine alone
+        # never reaches three times a test's own time.
+        "timeout_multiplier = 3.0\n"
+        "timeout_constant = 5.0\n"
     )
 
 

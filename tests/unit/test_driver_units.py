@@ -13,6 +13,7 @@ import marshal
 import os
 import struct
 import threading
+import time
 
 import pytest
 
@@ -73,8 +74,8 @@ def run_filter(program: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 
     raise AssertionError("the program ran past its end")
 
 
-@pytest.fixture(scope="module")
-def child_filter() -> bytes:
+@pytest.fixture
+def child_filter() -> bytes:  # made anew for each test, so each test calls seccomp_program
     return driver.seccomp_program("x86_64")
 
 
@@ -181,6 +182,8 @@ def test_the_length_cap_counts_the_text_it_would_build():
     assert driver.to_json(value, cap=len(text)) == text
     with pytest.raises(ValueError, match=f"longer than {len(text) - 1} characters"):
         driver.to_json(value, cap=len(text) - 1)
+    empties = [[], {}, [[]], ""]  # '[[], {}, [[]], ""]': an empty container is two characters
+    assert driver.to_json(empties, cap=len(json.dumps(empties))) == json.dumps(empties)
     shared = ["xyz"] * 4  # one object four times: each time counted
     assert driver.to_json(shared, cap=len(json.dumps(shared))) == json.dumps(shared)
     with pytest.raises(ValueError, match="longer than"):
@@ -192,6 +195,27 @@ def nested(levels: int) -> list:
     for _ in range(levels):
         v = [v]
     return v
+
+
+def doubling(levels: int) -> list:
+    """A list whose JSON has 2**levels leaves, of `levels` distinct objects: marshal carries it in a
+    few hundred bytes."""
+    v: list = []
+    for _ in range(levels):
+        v = [v, v]
+    return v
+
+
+def test_a_value_of_few_objects_and_a_long_text_is_sized_once_per_object():
+    with pytest.raises(ValueError, match="^its JSON is longer than 16777216 characters$"):
+        driver.to_json(doubling(40))  # 2**40 leaves: only counting each object once ends this
+
+
+def test_a_deep_value_is_refused_before_the_recursion_goes_deep():
+    # 3,000 levels: deeper than this interpreter's recursion limit, so only stopping at level 101
+    # gives the bound's own message
+    with pytest.raises(ValueError, match="^it is nested deeper than 100 levels$"):
+        driver.to_json(nested(3000))
 
 
 def test_the_depth_bound_holds_on_every_path():
@@ -228,18 +252,18 @@ def wrapped(value, levels: int) -> list:
     ],
 )
 def test_what_json_has_not_is_refused(value, why):
-    with pytest.raises(ValueError, match=why):
+    with pytest.raises(ValueError, match=f"^{why}$"):
         driver.to_json(value)
 
 
 def test_a_value_that_contains_itself_is_refused():
     loop: list = [1]
     loop.append([loop])
-    with pytest.raises(ValueError, match="contains itself"):
+    with pytest.raises(ValueError, match="^it contains itself$"):
         driver.to_json(loop)
     mapping: dict = {}
     mapping["me"] = mapping
-    with pytest.raises(ValueError, match="contains itself"):
+    with pytest.raises(ValueError, match="^it contains itself$"):
         driver.to_json(mapping)
 
 
@@ -253,9 +277,20 @@ def test_what_the_child_wrote_becomes_the_value_or_why_not():
     assert driver._value_of(b"") == (None, "")  # the child wrote nothing: its exit tells
     assert driver._value_of(framed(1)[:7]) == (None, "")
     assert driver._value_of(framed([1, 2])[:-1]) == (None, "the return value was cut off")
-    assert driver._value_of(framed(3) + b"4\n") == (
+    for after in (b"4\n", b"4"):  # one byte after the value is one too many
+        assert driver._value_of(framed(3) + after) == (
+            None,
+            "the program wrote to stdout after the method returned",
+        )
+    # a header saying 0 bytes follow: a value of nothing, which marshal cannot read
+    assert driver._value_of(struct.pack(">Q", 0)) == (
         None,
-        "the program wrote to stdout after the method returned",
+        "the return value is not JSON-serialisable (EOF read where object expected)",
+    )
+    # a size past 2**63 (unsigned): more than was written
+    assert driver._value_of(struct.pack(">Q", (1 << 63) + 5) + b"[]") == (
+        None,
+        "the return value was cut off",
     )
     assert driver._value_of(framed({1, 2})) == (None, "the return value is not JSON-serialisable (set)")
     assert driver._value_of(framed(nested(101))) == (
@@ -320,6 +355,25 @@ def test_frames_cross_a_pipe_whole_whatever_the_reads_return():
         assert driver.read_frame(r) == (b"O", payload)
         assert driver.read_frame(r) == (b"D", b"")
         assert driver.read_frame(r) is None  # the writer is gone: no frame, not a short one
+    finally:
+        writer.join(timeout=30)
+        os.close(r)
+    # a frame that arrives in two writes, the second with the next frame behind it: each read
+    # asks for what the frame still lacks, never more
+    r, w = os.pipe()
+    first, second = driver.HEADER.pack(b"T", 10) + b"12345", b"67890" + driver.HEADER.pack(b"D", 2) + b"ok"
+
+    def write_in_two() -> None:
+        os.write(w, first)
+        time.sleep(0.2)
+        os.write(w, second)
+        os.close(w)
+
+    writer = threading.Thread(target=write_in_two)
+    writer.start()
+    try:
+        assert driver.read_frame(r) == (b"T", b"1234567890")
+        assert driver.read_frame(r) == (b"D", b"ok")
     finally:
         writer.join(timeout=30)
         os.close(r)
