@@ -113,6 +113,18 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "drift": (["src/atlas/rl/drift.py"], ["tests/unit/test_drift.py"]),
+    "prefix": (
+        ["src/atlas/graders/prefix.py"],
+        [
+            "tests/unit/test_lcb_prefix.py::test_the_prefix_is_lcb_runners",
+            "tests/unit/test_lcb_prefix.py::test_every_name_gets_the_object_the_whole_prefix_gives_it",
+            "tests/unit/test_lcb_prefix.py::test_where_a_name_comes_from_when_several_lines_bind_it",
+            "tests/unit/test_lcb_prefix.py::test_a_plain_program_gets_only_the_lines_that_load_nothing",
+            "tests/unit/test_lcb_prefix.py::test_attributes_and_numbers_are_no_names",
+            "tests/unit/test_lcb_prefix.py::test_a_source_that_can_reach_names_it_does_not_spell_gets_the_whole_prefix",
+            "tests/unit/test_lcb_prefix.py::test_the_names_are_read_from_an_interpreter_started_as_the_sandbox_starts",
+        ],
+    ),
     "driver": (
         ["src/atlas/graders/driver.py"],
         [
