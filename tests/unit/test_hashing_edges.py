@@ -9,6 +9,7 @@ import json
 from atlas.hashing import (
     MANIFEST,
     MANIFEST_FORMAT,
+    aside_path,
     atomic_write_json,
     build_manifest,
     canonical_json,
@@ -67,3 +68,32 @@ def test_a_manifest_without_inputs_or_code_sections_checks_what_it_has(tmp_path)
     assert verify(tmp_path) == []
     (tmp_path / "extra.txt").write_text("z")
     assert verify(tmp_path) == [f"{tmp_path / 'extra.txt'}: present but not in the manifest"]
+
+
+def test_verify_of_named_files_checks_those_alone(tmp_path):
+    (tmp_path / "kept.txt").write_text("x")
+    (tmp_path / "other.txt").write_text("y")
+    write_manifest(tmp_path, stage="s", config={"k": 1})
+    (tmp_path / "other.txt").write_text("changed")
+    (tmp_path / "extra.txt").write_text("not listed")
+    assert verify(tmp_path, only=["kept.txt"], cache=False) == []
+    assert verify(tmp_path, cache=False) == [
+        f"{tmp_path / 'other.txt'}: size 7, manifest says 1",
+        f"{tmp_path / 'other.txt'}: sha256 {sha256_bytes(b'changed')}, manifest says {sha256_bytes(b'y')}",
+        f"{tmp_path / 'extra.txt'}: present but not in the manifest",
+    ]
+
+
+def test_a_folder_without_a_manifest_is_named_so(tmp_path):
+    assert verify(tmp_path) == [f"{tmp_path / MANIFEST}: no manifest"]
+    assert verify(tmp_path / "missing") == [f"{tmp_path / 'missing' / MANIFEST}: no manifest"]
+
+
+def test_work_set_aside_goes_to_the_first_unused_number(tmp_path):
+    target = tmp_path / "run"
+    assert aside_path(target, "stale") == tmp_path / "run.stale-1"
+    (tmp_path / "run.stale-1").mkdir()
+    assert aside_path(target, "stale") == tmp_path / "run.stale-2"
+    (tmp_path / "run.stale-2").write_text("")
+    assert aside_path(target, "stale") == tmp_path / "run.stale-3"
+    assert aside_path(target, "other") == tmp_path / "run.other-1"

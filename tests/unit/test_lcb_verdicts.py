@@ -329,6 +329,19 @@ def test_the_budget_left_bounds_the_next_test():
     assert v.status == "program_timeout"
 
 
+def test_a_budget_under_a_second_cuts_the_first_test_there():
+    """0.4 s for the program, 2 s a test: the first test, which would sleep 0.8 s, is cut at the
+    budget, however short, not at some floor above it."""
+    code = "import time\ntime.sleep(0.8)\nprint(input())\n"
+    cfg = GraderConfig(test_timeout_s=2.0, program_timeout_s=0.4)
+    v = grade_code(code, cases(4, 5), func_name=None, cfg=cfg)
+    assert statuses(v) == [
+        ("timeout", "cut short: the program's 0.4 s budget ran out"),
+        ("skipped", "not run: the program's 0.4 s budget ran out"),
+    ]
+    assert v.tests[0].wall_s < 0.8
+
+
 def test_a_functional_program_runs_in_a_sandbox_started_ahead():
     """grade_many starts every sandbox ahead in stdin mode; the program's own mode and method
     name go with it when it is loaded."""
