@@ -106,7 +106,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         [
             "tests/unit/test_graders.py::test_reference_solutions_pass_every_test",
             "tests/unit/test_graders.py::test_every_verdict_says_it_was_sandboxed",
-            "tests/unit/test_graders.py::test_grade_many_keeps_input_order_and_runs_in_parallel",
+            "tests/unit/test_graders.py::test_grade_many_keeps_input_order_and_grades_the_programs_at_once",
             "tests/unit/test_graders.py::test_grade_many_runs_each_program_in_a_sandbox_of_its_own",
             "tests/unit/test_graders.py::test_grade_many_starts_a_workers_next_sandbox_before_it_grades",
             "tests/unit/test_graders.py::test_grade_many_starts_nothing_ahead_when_each_worker_has_one_program",
@@ -323,6 +323,16 @@ def run_module(label: str, sources: list[str], tests: list[str], children: int, 
         return Counter(statuses.values())
 
 
+def _test_exists(test: str) -> bool:
+    """Whether `path` or `path::name` is a test file of the repository and, named, a test in it."""
+    path, _, name = test.partition("::")
+    file = REPO / path
+    return file.is_file() and (
+        not name
+        or re.search(rf"^def {re.escape(name)}\(", file.read_text(encoding="utf-8"), re.M) is not None
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("modules", nargs="*", help=f"labels from {sorted(MODULES)} (default: all)")
@@ -332,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.modules) - set(MODULES))
     if unknown:
         ap.error(f"unknown modules {unknown}; expected some of {sorted(MODULES)}")
+    missing = [
+        test
+        for label in args.modules or list(MODULES)
+        for test in MODULES[label][1]
+        if not _test_exists(test)
+    ]
+    if missing:  # before minutes of mutmut's set-up end in its own error
+        ap.error(f"the selection names tests that do not exist: {missing}")
     rows = []
     for label in args.modules or list(MODULES):
         sources, tests = MODULES[label]
