@@ -164,6 +164,9 @@ def test_only_whole_shards_are_sealed_and_verl_goes_back_to_the_last_whole_step(
         manifest = json.loads((folder / f"global_step_{g}" / MANIFEST).read_text())
         assert (manifest["stage"], manifest["config"]) == ("verl_checkpoint", {"global_step": g})
         assert list(manifest["files"]) == ["actor/model.safetensors"]
+    # A step set aside is kept as it was found: never sealed
+    assert sorted(p.name for p in aside.iterdir()) == [f"global_step_{g}" for g in range(11, 17)]
+    assert [p for p in aside.rglob(MANIFEST)] == []
 
 
 def test_without_a_tracker_every_unsealed_step_is_an_unfinished_save(tmp_path):
