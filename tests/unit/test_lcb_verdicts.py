@@ -2,6 +2,9 @@
 become a verdict, how much stdout is kept, and the summary the policy sees. The runs are real
 RunResults (what a sandbox returns); the verdict tests run real programs in real sandboxes."""
 
+import os
+import signal
+
 import pytest
 
 from atlas.config.graders import GraderConfig
@@ -16,7 +19,7 @@ from atlas.graders.lcb import (
     grade_code,
     summarize,
 )
-from atlas.graders.sandbox import RunResult, Sandbox, SandboxLimits
+from atlas.graders.sandbox import RunResult, Sandbox, SandboxLimits, isolation_available
 
 CFG = GraderConfig(test_timeout_s=1.0, program_timeout_s=10.0, max_output_bytes=4096)
 
@@ -340,6 +343,44 @@ def test_a_budget_under_a_second_cuts_the_first_test_there():
         ("skipped", "not run: the program's 0.4 s budget ran out"),
     ]
     assert v.tests[0].wall_s < 0.8
+
+
+def test_one_sandbox_runs_every_test_of_a_program(monkeypatch):
+    isolation_available()  # the probe's own sandbox, made once per process, is not the program's
+    spawned = []
+    spawn = Sandbox._spawn
+    monkeypatch.setattr(Sandbox, "_spawn", lambda box: (spawned.append(box), spawn(box)))
+    v = grade_code(PROGRAM, cases(4, 5, 6), func_name=None, cfg=CFG)
+    assert statuses(v) == [("passed", "")] * 3
+    assert len(spawned) == 1
+
+
+def test_a_sandbox_that_dies_between_tests_is_closed_and_replaced(monkeypatch):
+    """A sandbox can end under its program (its driver killed by the kernel's OOM killer): the
+    next test gets a new one, and the dead one is closed (its host uid given back: a grading
+    thread holds two at most)."""
+    used = []
+    run_test = Sandbox.run
+
+    def run_then_die(box, *args, **kwargs):
+        result = run_test(box, *args, **kwargs)
+        used.append(box)
+        if len(used) < 3:
+            os.kill(box._init_pid(), signal.SIGKILL)  # everything in the sandbox dies with its init
+            box.proc.wait(timeout=10)
+        return result
+
+    monkeypatch.setattr(Sandbox, "run", run_then_die)
+    v = grade_code(PROGRAM, cases(4, 5, 6), func_name=None, cfg=CFG)
+    assert statuses(v) == [("passed", "")] * 3
+    assert len({id(box) for box in used}) == 3 and not any(box.alive for box in used)
+
+
+def test_a_budget_spent_before_any_sandbox_starts_runs_nothing():
+    v = grade_code(
+        PROGRAM, cases(4, 5), func_name=None, cfg=GraderConfig(test_timeout_s=1.0, program_timeout_s=1e-9)
+    )
+    assert [t.status for t in v.tests] == ["skipped", "skipped"] and v.status == "program_timeout"
 
 
 def test_a_functional_program_runs_in_a_sandbox_started_ahead():
