@@ -7,7 +7,10 @@ import base64
 import hashlib
 import io
 import json
+import os
 import pickle
+import subprocess
+import sys
 import tracemalloc
 import zlib
 
@@ -301,6 +304,25 @@ def test_progress_is_called_every_50_problems(tmp_path):
     assert calls == [50, 100]
     assert [q.record_id for q in questions] == [f"q{i}" for i in range(120)]
     assert [q.record_id for q in read_lcb(path, "val")] == [f"q{i}" for i in range(120)]
+
+
+def test_private_tests_given_as_a_json_list_are_read_as_they_are():
+    q = parse_row(row(private_test_cases=PRIVATE), "p.jsonl", 1, "val", 2**20)
+    assert q.private_tests == stdin_tests(PRIVATE)
+
+
+def test_a_file_is_read_as_utf8_whatever_the_locale(tmp_path):
+    """A node whose locale is ASCII (LC_ALL=C, no UTF-8 mode) still reads the file's UTF-8 text."""
+    path = tmp_path / "lcb.jsonl"
+    path.write_text(
+        json.dumps(row(question_content="Café: ∑ of a, b"), ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    env = os.environ | {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    script = "import sys; from atlas.data.lcb import read_lcb; print(ascii(read_lcb(sys.argv[1], 'val')[0].question))"
+    done = subprocess.run(
+        [sys.executable, "-X", "utf8=0", "-c", script, str(path)], env=env, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (0, ascii("Café: ∑ of a, b") + "\n"), done.stderr
 
 
 def refusal(path, **kwargs) -> str:
