@@ -45,7 +45,9 @@ def main() -> None:
         model=REPO / "results/models" / cfg.model.name,
     )
     show_library_log()  # the step's progress lines, as the training stage shows them
-    sess = open_session(TrainSlice.model_validate(config_slice(cfg, "training", args.run)), inputs)
+    sl = TrainSlice.model_validate(config_slice(cfg, "training", args.run))
+    sess = open_session(sl, inputs)
+    sess.prepare_rollouts(sl.schedule.questions_per_step)
     steps = []
     for k in range(args.steps):
         t = time.perf_counter()

@@ -112,6 +112,14 @@ class Session:
     def ppo(self) -> PPOConfig:
         return self.training.ppo
 
+    def prepare_rollouts(self, questions_per_step: int) -> None:
+        """Pay the engine's one-time costs of a step's rollout (its pool at the budget, every
+        bucket's capture, the compiles) now, not on a step's clock: for a session that will roll
+        out. A session that only loads and scores (the checks' fresh policies) leaves it out, so
+        that several sessions of one process hold no pool each."""
+        rows = -(-questions_per_step * self.training.responses_per_question // self.ranks.world)
+        self.rt.engine.prepare(rows)
+
     def sync_rollout_model(self) -> None:
         """Fold the actor's current LoRA into the serving copy (after an update or a load)."""
         if self.merged is not None:
@@ -130,9 +138,6 @@ def open_session(sl: TrainSlice, inputs: TrainingInputs, ranks: Ranks | None = N
     potential = build_potential(sl.run, ac, inputs.snapshot)
     optimizers = make_optimizers(ac, training.ppo)
     rt, merged = rollout_runtime(ac, tokenizer, training, runtime, sl.resources.device)
-    # a step's rollout serves this rank's share of the step's episodes at once: the engine's
-    # one-time costs for them (its pool, captures, compiles) are paid here, not on a step's clock
-    rt.engine.prepare(-(-sl.schedule.questions_per_step * training.responses_per_question // ranks.world))
     return Session(
         name=sl.run.name,
         steps=sl.run.steps,

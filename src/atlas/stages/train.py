@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     assert ranks.main == lead, (ranks.rank, os.environ.get("RANK"))
     ranks.barrier()
     sess = open_session(sl, inputs, ranks)
+    sess.prepare_rollouts(sl.schedule.questions_per_step)
     steps = sess.steps
 
     def load(k: int) -> None:  # every rank loads the shared tensors and its own RNG state
