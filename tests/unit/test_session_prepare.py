@@ -31,11 +31,11 @@ def test_only_a_session_that_rolls_out_prepares_its_engine(tiny_model, data_dir,
         tests=data_dir / "tests.parquet",
         model=tiny_model,
     )
-    first, second = open_session(sl, inputs), open_session(sl, inputs)
+    session = open_session(sl, inputs)
     assert asked == []
     assert (sl.schedule.questions_per_step, sl.training.responses_per_question) == (2, 2)
-    first.prepare_rollouts(sl.schedule.questions_per_step)
+    session.prepare_rollouts(sl.schedule.questions_per_step)
     assert asked == [4]  # 2 questions x 2 responses, one rank
     # three ranks: each serves its share of the step's episodes, rounded up
-    dataclasses.replace(second, ranks=Ranks(rank=1, world=3, local_rank=1)).prepare_rollouts(5)
+    dataclasses.replace(session, ranks=Ranks(rank=1, world=3, local_rank=1)).prepare_rollouts(5)
     assert asked == [4, 4]  # ceil(5 x 2 / 3)
