@@ -279,7 +279,8 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
         max_turns=cfg.runtime.max_turns,
         max_generation_tokens=cfg.runtime.max_generation_tokens,
     )
-    t = time.perf_counter()  # as the trainer's session does before its first rollout (rl.step.open_session)
+    # as the train stage does before its first rollout (rl.step.Session.prepare_rollouts)
+    t = time.perf_counter()
     rt.engine.prepare(len(questions) * training.responses_per_question)
     out["prepare_s"] = time.perf_counter() - t
     print(
