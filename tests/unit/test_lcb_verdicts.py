@@ -307,13 +307,15 @@ def test_tests_of_one_known_type_and_a_method_name_are_required():
 
 def test_a_spent_budget_skips_every_test_before_any_runs():
     """A budget already spent when the first test would start: nothing runs, each test is skipped
-    with the budget's note, and the verdict is the program's timeout."""
+    with the budget's note, and the verdict is the program's timeout; a sandbox started ahead is
+    closed, and without one none is started."""
     cfg = GraderConfig(test_timeout_s=1.0, program_timeout_s=1e-9)
     box = Sandbox(mode="stdin", limits=SandboxLimits.from_config(cfg))
-    v = grade_code(PROGRAM, cases(4, 5, 6), func_name=None, cfg=cfg, sandbox=box)
     note = "not run: the program's 1e-09 s budget ran out"
-    assert v.tests == [TestOutcome("skipped", 0.0, note)] * 3
-    assert (v.passed, v.total, v.status) == (0, 3, "program_timeout")
+    for ahead in (box, None):
+        v = grade_code(PROGRAM, cases(4, 5, 6), func_name=None, cfg=cfg, sandbox=ahead)
+        assert v.tests == [TestOutcome("skipped", 0.0, note)] * 3
+        assert (v.passed, v.total, v.status) == (0, 3, "program_timeout")
     assert not box.alive
 
 
@@ -374,13 +376,6 @@ def test_a_sandbox_that_dies_between_tests_is_closed_and_replaced(monkeypatch):
     v = grade_code(PROGRAM, cases(4, 5, 6), func_name=None, cfg=CFG)
     assert statuses(v) == [("passed", "")] * 3
     assert len({id(box) for box in used}) == 3 and not any(box.alive for box in used)
-
-
-def test_a_budget_spent_before_any_sandbox_starts_runs_nothing():
-    v = grade_code(
-        PROGRAM, cases(4, 5), func_name=None, cfg=GraderConfig(test_timeout_s=1.0, program_timeout_s=1e-9)
-    )
-    assert [t.status for t in v.tests] == ["skipped", "skipped"] and v.status == "program_timeout"
 
 
 def test_a_functional_program_runs_in_a_sandbox_started_ahead():
