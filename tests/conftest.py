@@ -299,6 +299,19 @@ def data_dir(tmp_path_factory) -> Path:
     return shared(session_root(tmp_path_factory) / "data", prepare_data_dir)
 
 
+@pytest.fixture(scope="session")
+def training_inputs(tiny_model, data_dir):
+    """A training job's inputs over the embedded default's data and the tiny model."""
+    from atlas.runtime.inputs import TrainingInputs
+
+    return TrainingInputs(
+        train=data_dir / "train.parquet",
+        val=data_dir / "val.parquet",
+        tests=data_dir / "tests.parquet",
+        model=tiny_model,
+    )
+
+
 def prepare_data_dir(out: Path) -> Path:
     """Prepare results/data/ of the embedded default into the existing folder `out`."""
     from atlas.config.study import config_slice, load_config

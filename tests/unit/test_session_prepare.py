@@ -14,24 +14,17 @@ from atlas.rl.distributed import Ranks
 from atlas.rl.step import open_session
 from atlas.runtime.engine import HFEngine
 from atlas.runtime.fast_engine import StaticEngine
-from atlas.runtime.inputs import TrainingInputs
 from conftest import REPO
 
 
-def test_only_a_session_that_rolls_out_prepares_its_engine(tiny_model, data_dir, monkeypatch):
+def test_only_a_session_that_rolls_out_prepares_its_engine(training_inputs, monkeypatch):
     asked = []
     for engine in (HFEngine, StaticEngine):
         monkeypatch.setattr(engine, "prepare", lambda self, rows: asked.append(rows))
     sl = TrainSlice.model_validate(
         config_slice(load_config(REPO / "config" / "config.yaml"), "training", "training_smoke")
     )
-    inputs = TrainingInputs(
-        train=data_dir / "train.parquet",
-        val=data_dir / "val.parquet",
-        tests=data_dir / "tests.parquet",
-        model=tiny_model,
-    )
-    session = open_session(sl, inputs)
+    session = open_session(sl, training_inputs)
     assert asked == []
     assert (sl.schedule.questions_per_step, sl.training.responses_per_question) == (2, 2)
     session.prepare_rollouts(sl.schedule.questions_per_step)

@@ -16,21 +16,14 @@ from atlas.config.training import TrainSlice
 from atlas.rl import journal
 from atlas.rl.step import open_session, ppo_step, train_step
 from atlas.runtime import runfolder
-from atlas.runtime.inputs import TrainingInputs
 from atlas.runtime.rollouts import episode_specs, rollout
 from conftest import REPO
 
 
 @pytest.fixture(scope="module")
-def session(tiny_model, data_dir):
+def session(training_inputs):
     s = config_slice(load_config(REPO / "config" / "config.yaml"), "training", "training_smoke")
-    inputs = TrainingInputs(
-        train=data_dir / "train.parquet",
-        val=data_dir / "val.parquet",
-        tests=data_dir / "tests.parquet",
-        model=tiny_model,
-    )
-    return open_session(TrainSlice.model_validate(s), inputs)
+    return open_session(TrainSlice.model_validate(s), training_inputs)
 
 
 @pytest.fixture

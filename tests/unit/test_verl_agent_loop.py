@@ -28,7 +28,7 @@ from atlas.config.study import config_slice, load_config, parse_config  # noqa: 
 from atlas.rl.potentials import make_potential, register_potential  # noqa: E402
 from atlas.rl.rewards import RewardPlacementError, shape_episode  # noqa: E402
 from atlas.runtime.episode import EpisodeSpec, run_episodes  # noqa: E402
-from atlas.runtime.inputs import TrainingInputs, read_questions, read_tests  # noqa: E402
+from atlas.runtime.inputs import read_questions, read_tests  # noqa: E402
 from atlas.runtime.records import record_row  # noqa: E402
 from atlas.runtime.session import load_runtime  # noqa: E402
 from atlas.verl.agent_loop import (  # noqa: E402
@@ -248,7 +248,7 @@ def test_potential_token_rewards_dtype():
 
 
 @pytest.fixture(scope="module")
-def converted(played, tiny_model, data_dir, tmp_path_factory):
+def converted(played, tiny_model, training_inputs, tmp_path_factory):
     """A run folder assembled by atlas.verl.convert from verl-shaped outputs: the played episodes
     as one training step and two validations, two metrics files, one LoRA-only verl checkpoint."""
     import shutil
@@ -287,12 +287,7 @@ def converted(played, tiny_model, data_dir, tmp_path_factory):
         shard.parent.mkdir(parents=True)
         torch.save(state, shard)
 
-    inputs = TrainingInputs(
-        train=data_dir / "train.parquet",
-        val=data_dir / "val.parquet",
-        tests=data_dir / "tests.parquet",
-        model=tiny_model,
-    )
+    inputs = training_inputs
     out = tmp_path / "run"
     raw = _cfg().model_dump(mode="json")  # one step, validated before and after it, dose 0.5
     raw["runs"][RUN].update(steps=1, dose=0.5)
