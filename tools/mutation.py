@@ -71,6 +71,22 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "sandbox_bounds": (["src/atlas/graders/sandbox.py"], ["tests/unit/test_sandbox_bounds.py"]),
+    "sandbox_host": (
+        ["src/atlas/graders/sandbox.py"],
+        [
+            "tests/unit/test_sandbox_host.py",
+            "tests/unit/test_sandbox_isolation.py::test_the_stale_scratch_sweep_touches_only_its_own_folders_and_never_raises",
+            "tests/unit/test_sandbox_isolation.py::test_a_lock_folder_that_is_not_this_users_stops_grading_at_start",
+            "tests/unit/test_sandbox_isolation.py::test_the_lock_folder_is_the_same_whatever_the_environment",
+        ],
+    ),
+    "cgroups": (
+        ["src/atlas/graders/cgroups.py"],
+        [
+            "tests/unit/test_cgroups.py",
+            "tests/unit/test_sandbox_isolation.py::test_a_v2_parent_without_the_controllers_is_named_with_the_way_out",
+        ],
+    ),
     "lcb": (
         ["src/atlas/graders/lcb.py"],
         [
@@ -145,6 +161,23 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 # functions' mutants count, the others are left out of the score.
 ONLY_FUNCTIONS: dict[str, set[str]] = {
     "sandbox_bounds": {"SandboxLimits.from_config", "_Capped.__init__", "_Capped.add", "_Capped.text"},
+    # The host side that needs no sandbox started: the command line, what it hides, the uids,
+    # the question locks, the sweep of unsandboxed scratch folders.
+    "sandbox_host": {
+        "_inside",
+        "_hidden",
+        "_root_binds",
+        "_proc_covers",
+        "_bwrap_command",
+        "_claim_uid",
+        "_release_uid",
+        "_locks_folder",
+        "lock_path",
+        "QuestionLock.__init__",
+        "QuestionLock.release",
+        "scratch_prefix",
+        "sweep_stale_scratch",
+    },
     # The comparison and the verdict; grade_many's pool of threads is left out.
     "lcb": {
         "_clip",

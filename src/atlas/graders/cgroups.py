@@ -47,10 +47,13 @@ class Layout:
     missing: str  # what is not bounded here, and why ('' when nothing is missing)
 
 
-def _own_folders() -> dict[str, str]:
-    """controller ('' for the unified hierarchy) -> this process's cgroup folder."""
+def _own_folders(
+    mountinfo: str = "/proc/self/mountinfo", membership: str = "/proc/self/cgroup"
+) -> dict[str, str]:
+    """controller ('' for the unified hierarchy) -> this process's cgroup folder, from the mount
+    table and the cgroup membership (this process's by default)."""
     mounts: dict[str, tuple[str, str]] = {}
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+    with open(mountinfo, encoding="utf-8") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             fields, extra = left.split(), right.split()
@@ -64,7 +67,7 @@ def _own_folders() -> dict[str, str]:
                     if option in CONTROLLERS:
                         mounts.setdefault(option, (root, point))
     folders = {}
-    with open("/proc/self/cgroup", encoding="utf-8") as f:
+    with open(membership, encoding="utf-8") as f:
         for line in f:
             _, controllers, path = line.rstrip("\n").split(":", 2)
             for key in controllers.split(",") if controllers else [""]:

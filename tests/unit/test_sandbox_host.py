@@ -1,0 +1,338 @@
+"""The sandbox's host side as values, without starting one: the bwrap command line, what of the
+host it hides, the uids of sandboxes, the question locks and their folder.
+
+What these arguments do to a program (isolation, bounds) is what test_sandbox_isolation.py and
+test_sandbox_attacks.py check inside real sandboxes; these tests pin the arguments themselves, so
+that a flag dropped or a value swapped shows here in milliseconds."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import threading
+import time
+
+import pytest
+
+from atlas.graders import sandbox
+from atlas.graders.sandbox import (
+    ENV,
+    MOUNT_SCRATCH,
+    PREFIX,
+    SANDBOX_UID,
+    STAGE_PYTHON,
+    STAGE_SCRATCH,
+    QuestionLock,
+    SandboxLimits,
+    SandboxUnavailable,
+    _bwrap_command,
+    _claim_uid,
+    _hidden,
+    _inside,
+    _proc_covers,
+    _release_uid,
+    _root_binds,
+    lock_path,
+)
+
+LIMITS = SandboxLimits(2.0, 256, 2, 1, 16, 4096, scratch_mb=9, scratch_inodes=333)
+BWRAP = "/opt/fake/bwrap"
+
+
+def pairs(args: list[str] | tuple[str, ...], flag: str) -> list[tuple[str, ...]]:
+    """The values that follow each `flag` in a command line (two for --ro-bind, one otherwise)."""
+    width = 2 if flag in {"--ro-bind", "--bind", "--symlink", "--setenv"} else 1
+    return [tuple(args[i + 1 : i + 1 + width]) for i, a in enumerate(args) if a == flag]
+
+
+# --- what the sandbox sees ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "tree", "inside"),
+    [("/usr/lib", "/usr", True), ("/usr", "/usr", True), ("/usrx/lib", "/usr", False), ("/", "/usr", False)],
+)
+def test_a_path_is_inside_a_tree_by_whole_components(path, tree, inside):
+    assert _inside(path, tree) is inside
+
+
+def test_the_working_directory_and_this_package_are_hidden_inside_the_bound_trees(tmp_path, monkeypatch):
+    work = tmp_path / "workflow"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    hidden = _hidden([str(tmp_path)])
+    assert str(work.resolve()) in hidden
+    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(sandbox.__file__))))
+    assert src not in hidden  # not inside the trees given
+    assert str(work.resolve()) not in _hidden(["/nowhere"])
+    assert src in _hidden([src])
+
+
+def test_a_folder_holding_the_interpreter_or_its_stdlib_is_never_hidden(monkeypatch):
+    monkeypatch.chdir(PREFIX)  # the working directory is the interpreter's prefix
+    hidden = _hidden([PREFIX])
+    assert PREFIX not in hidden
+    assert not any(_inside(sandbox.PYTHON, h) for h in hidden)
+    # what is hidden there is the prefix's installed packages, not its stdlib
+    purelib = os.path.realpath(sandbox.sysconfig.get_path("purelib", vars={"base": PREFIX}))
+    assert (purelib in hidden) == os.path.isdir(purelib)
+
+
+def test_the_root_is_usr_its_links_and_the_prefix_read_only_with_packages_covered():
+    args = _root_binds("/the/prefix/source")
+    assert args[:3] == ["--ro-bind", "/usr", "/usr"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64"):
+        path = f"/{top}"
+        if os.path.islink(path):
+            assert (os.readlink(path), path) in pairs(args, "--symlink")
+        elif os.path.isdir(path):
+            assert (path, path) in pairs(args, "--ro-bind")
+        else:
+            assert path not in args
+    if not _inside(PREFIX, "/usr"):
+        assert ("/the/prefix/source", PREFIX) in pairs(args, "--ro-bind")
+    trees = ["/usr"] if _inside(PREFIX, "/usr") else ["/usr", PREFIX]
+    covered = [p for (p,) in pairs(args, "--tmpfs")]
+    assert covered == [p for (p,) in pairs(args, "--remount-ro")] == _hidden(trees) != []
+
+
+def test_procs_shared_counters_are_covered_and_the_programs_own_entries_stay():
+    args = _proc_covers.__wrapped__()
+    files = [p for _, p in pairs(args, "--ro-bind")]
+    assert all(source == "/dev/null" for source, _ in pairs(args, "--ro-bind"))
+    folders = [p for (p,) in pairs(args, "--tmpfs")]
+    assert folders == [p for (p,) in pairs(args, "--remount-ro")]
+    for name in ("stat", "loadavg", "meminfo", "uptime", "vmstat"):
+        assert f"/proc/{name}" in files
+    assert "/proc/sys" in folders
+    for name in ("self", "thread-self", "version", "filesystems", str(os.getpid()), "mounts", "net"):
+        assert f"/proc/{name}" not in files + folders
+    # every entry not kept is covered, each once, in the order of its name
+    expected = []
+    for name in sorted(os.listdir("/proc")):
+        path = f"/proc/{name}"
+        if name.isdigit() or name in sandbox.PROC_KEPT or os.path.islink(path):
+            continue
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode) or mode & stat.S_IROTH:
+            expected.append(path)
+    assert sorted(files + folders) == expected and len(set(files + folders)) == len(expected)
+
+
+def test_a_proc_that_hides_its_global_entries_stops_the_sandbox(monkeypatch):
+    names = [n for n in os.listdir("/proc") if n != "stat"]
+    monkeypatch.setattr(sandbox.os, "listdir", lambda _: names)
+    with pytest.raises(SandboxUnavailable, match=r"hides its global entries \(subset=pid\?\)"):
+        _proc_covers.__wrapped__()
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+
+def inner_command(scratch: list[str], driver_args: list[str], prefix_source: str) -> list[str]:
+    """The sandbox's own bwrap, written out flag by flag."""
+    env = {**ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}
+    return [
+        BWRAP,
+        "--unshare-all",
+        "--unshare-user",
+        "--as-pid-1",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        "65534",
+        "--gid",
+        "65534",
+        *_root_binds(prefix_source),
+        "--proc",
+        "/proc",
+        *_proc_covers(),
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/dev/pts",
+        "--remount-ro",
+        "/dev/pts",
+        "--remount-ro",
+        "/dev",
+        *scratch,
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
+        "--clearenv",
+        *[a for k, v in env.items() for a in ("--setenv", k, v)],
+        "--",
+        *driver_args,
+    ]
+
+
+@pytest.fixture
+def tools(monkeypatch):
+    where = {"bwrap": BWRAP, "sh": "/bin/sh", "setpriv": "/usr/bin/setpriv"}
+    monkeypatch.setattr(sandbox.shutil, "which", where.get)
+    return where
+
+
+def test_an_unprivileged_grader_runs_one_bwrap_with_a_sized_scratch(tools, monkeypatch):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    command = _bwrap_command(LIMITS, 7, ["python", "-S", "boot"], uid=None)
+    inner = inner_command(["--size", str(9 << 20), "--tmpfs", "/tmp"], ["python", "-S", "boot"], PREFIX)
+    assert command == [BWRAP, "--info-fd", "7", *inner[1:]]
+    assert SANDBOX_UID == 65534 and ENV == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+
+
+def test_a_root_grader_stages_the_prefix_and_an_inode_bounded_scratch_then_drops_to_the_uid(
+    tools, monkeypatch
+):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    command = _bwrap_command(LIMITS, 5, ["python", "boot"], uid=1_900_000_042)
+    stage = [BWRAP, "--info-fd", "5", "--unshare-pid", "--dev-bind", "/", "/", "--tmpfs", "/tmp"]
+    stage += ["--ro-bind", PREFIX, STAGE_PYTHON, "--dir", STAGE_SCRATCH, "--die-with-parent", "--"]
+    scratch = ["/bin/sh", "-c", MOUNT_SCRATCH, "atlas-scratch", str(9 << 20), "333", "1900000042"]
+    drop = ["/usr/bin/setpriv", "--reuid=1900000042", "--regid=1900000042", "--clear-groups"]
+    drop += ["--pdeathsig=SIGKILL", "--"]
+    inner = inner_command(["--bind", STAGE_SCRATCH, "/tmp"], ["python", "boot"], STAGE_PYTHON)
+    assert command == [*stage, *scratch, *drop, *inner]
+    assert MOUNT_SCRATCH.startswith('mount -t tmpfs -o "size=$1,nr_inodes=$2,mode=0700,uid=$3,gid=$3" ')
+
+
+def test_without_bwrap_on_path_the_command_line_is_refused(monkeypatch):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda _: None)
+    with pytest.raises(SandboxUnavailable, match=r"^bwrap \(Debian package bubblewrap\) is not on PATH$"):
+        _bwrap_command(LIMITS, 3, ["python"], uid=None)
+
+
+# --- host uids ---------------------------------------------------------------------------------------
+
+
+def test_a_thread_gets_two_uids_of_its_own_then_a_clear_error():
+    got: dict[str, object] = {}
+
+    def claim(name: str) -> None:
+        uids = [_claim_uid(5000), _claim_uid(5000)]
+        with pytest.raises(RuntimeError, match="at most 2 sandboxes at once"):
+            _claim_uid(5000)
+        _release_uid(uids[0])
+        again = _claim_uid(5000)  # the slot let go is the one given again
+        got[name] = (threading.get_native_id(), uids, again)
+        for uid in (uids[1], again):
+            _release_uid(uid)
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for tid, uids, again in got.values():
+        assert uids == [5000 + 2 * tid, 5000 + 2 * tid + 1] and again == uids[0]
+    assert sandbox._uids_taken == set()
+
+
+# --- question locks ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def lock_parent(tmp_path, monkeypatch):
+    parent = tmp_path / "run-lock"
+    parent.mkdir()
+    monkeypatch.setattr(sandbox, "LOCK_PARENTS", (str(tmp_path / "absent"), str(parent), "/tmp"))
+    return parent
+
+
+def test_the_lock_folder_is_the_first_parent_there_made_private(lock_parent):
+    folder = lock_parent / f"atlas-grading-{os.geteuid()}"
+    assert sandbox._locks_folder() == str(folder)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.chmod(0o757)  # widened by something of this user: put back
+    assert sandbox._locks_folder() == str(folder)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    key = "lcb:q1"
+    assert lock_path(key) == str(folder / hashlib.sha256(key.encode("utf-8")).hexdigest()[:32])
+    assert lock_path("lcb:q1") != lock_path("lcb:q2")
+
+
+@pytest.mark.parametrize("kind", ["link", "file"])
+def test_a_lock_folder_that_is_a_link_or_a_file_is_refused(lock_parent, tmp_path, kind):
+    folder = lock_parent / f"atlas-grading-{os.geteuid()}"
+    if kind == "link":
+        (tmp_path / "elsewhere").mkdir()
+        folder.symlink_to(tmp_path / "elsewhere")
+    else:
+        folder.write_text("")
+    with pytest.raises(SandboxUnavailable, match="not a folder of this user"):
+        sandbox._locks_folder()
+
+
+def test_no_writable_parent_for_the_locks_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "LOCK_PARENTS", (str(tmp_path / "a"), str(tmp_path / "b")))
+    with pytest.raises(SandboxUnavailable, match=f"none of {tmp_path}/a, {tmp_path}/b is a writable folder"):
+        sandbox._locks_folder()
+
+
+def test_a_question_lock_excludes_a_second_holder_until_released_then_its_file_goes(lock_parent):
+    first = QuestionLock("q")
+    assert os.stat(first.path).st_ino == os.fstat(first.fd).st_ino
+    other = QuestionLock("another question")  # another key never waits
+    other.release()
+    got: list[QuestionLock] = []
+    waiter = threading.Thread(target=lambda: got.append(QuestionLock("q")))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and got == []  # it waits while the lock is held
+    first.release()
+    assert first.fd is None
+    waiter.join(10)
+    assert not waiter.is_alive() and len(got) == 1
+    second = got[0]
+    # it woke on the file the first holder removed, and took the one there now
+    assert os.stat(second.path).st_ino == os.fstat(second.fd).st_ino
+    second.release()
+    second.release()  # a second release changes nothing
+    assert not os.path.exists(second.path) and os.listdir(os.path.dirname(second.path)) == []
+
+
+def test_the_lock_file_is_never_followed_through_a_link(lock_parent, tmp_path):
+    target = tmp_path / "target"
+    target.write_text("keep")
+    os.symlink(target, lock_path("q"))
+    with pytest.raises(OSError):
+        QuestionLock("q")
+    assert target.read_text() == "keep"
+
+
+def test_many_holders_of_one_key_never_overlap(lock_parent):
+    inside, most, errors = [0], [0], []
+    count = threading.Lock()
+
+    def hold() -> None:
+        try:
+            for _ in range(20):
+                lock = QuestionLock("shared")
+                with count:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                time.sleep(0.001)
+                with count:
+                    inside[0] -= 1
+                lock.release()
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=hold) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and most == [1] and inside == [0]
+    assert os.listdir(os.path.dirname(lock_path("shared"))) == []
+
+
+def test_the_unsandboxed_scratch_prefix_names_the_grader_process():
+    assert sandbox.scratch_prefix() == f"atlas-sandbox-{os.getpid()}-"
+    assert sandbox.scratch_prefix(42) == "atlas-sandbox-42-"
+    assert sandbox.SCRATCH_NAME.fullmatch(sandbox.scratch_prefix(42) + "ab_9") is not None
