@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -25,28 +26,55 @@ def write(path, text: str) -> str:
 
 
 def test_a_hybrid_hosts_folders_come_from_the_v1_mounts_and_the_unified_one(tmp_path):
-    for folder in ("unified", "pids", "memory/abc", "cpu,cpuacct/job"):
+    for folder in ("unifiedX", "pids", "memory/abc", "cpu,cpuset/job:1X"):
         (tmp_path / folder).mkdir(parents=True)
     mountinfo = write(
         tmp_path / "mountinfo",
         "22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
         "malformed line\n"
-        f"30 25 0:26 / {tmp_path}/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
-        f"35 25 0:31 / {tmp_path}/pids rw,nosuid - cgroup cgroup rw,pids\n"
+        "23 1 0:22 / /no/separator rw,nosuid\n"
+        f"24 1 0:23 / {tmp_path}/not-a-cgroup rw - tmpfs tmpfs rw,memory\n"  # another type's options
+        f"30 25 0:26 / {tmp_path}/unifiedX/ rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+        f"35 25 0:31 / {tmp_path}/pids rw,nosuid - cgroup none rw,pids\n"
         f"36 25 0:32 /process_api {tmp_path}/memory rw,nosuid - cgroup cgroup rw,memory\n"
-        f"37 25 0:33 / {tmp_path}/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n"
+        f"37 25 0:33 / {tmp_path}/cpu,cpuset rw,nosuid - cgroup cgroup rw,cpuset,cpu\n"
         f"38 25 0:34 / {tmp_path}/pids-again rw,nosuid - cgroup cgroup rw,pids\n",  # the first mount wins
     )
     membership = write(
         tmp_path / "cgroup",
-        "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/abc\n1:cpu,cpuacct:/job\n0::/\n",
+        "9:name=systemd:/\n8:pids:/\n4:memory:/process_api/abc\n1:cpuset,cpu:/job:1X\n0::/\n",
     )
     assert cgroups._own_folders(mountinfo, membership) == {
-        "": f"{tmp_path}/unified",
+        "": f"{tmp_path}/unifiedX",
         "pids": f"{tmp_path}/pids",
         "memory": f"{tmp_path}/memory/abc",  # the mount's root taken off the path
-        "cpu": f"{tmp_path}/cpu,cpuacct/job",
+        "cpu": f"{tmp_path}/cpu,cpuset/job:1X",  # a ':' in the path, a controller after one not kept
     }
+
+
+def test_the_tables_are_read_as_the_file_systems_names_whatever_the_locale(tmp_path):
+    """A folder named in UTF-8 under an ASCII locale (LC_ALL=C, no coercion, no UTF-8 mode): read
+    as UTF-8 it could not be found, read as ASCII it raised."""
+    (tmp_path / "cg" / "jöb").mkdir(parents=True)
+    mountinfo = write(tmp_path / "mountinfo", f"30 25 0:26 / {tmp_path}/cg rw - cgroup2 cgroup2 rw\n")
+    membership = write(tmp_path / "cgroup", "0::/jöb\n")
+    code = "import sys; from atlas.graders import cgroups; d = cgroups._own_folders(*sys.argv[1:]); print(list(d), *d.values())"
+    env = {
+        **os.environ,
+        "LC_ALL": "C",
+        "PYTHONCOERCECLOCALE": "0",
+        "PYTHONIOENCODING": "utf-8:surrogateescape",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-X", "utf8=0", "-c", code, mountinfo, membership],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"[''] {tmp_path}/cg/jöb\n"
 
 
 def test_a_v2_hosts_folder_is_its_unified_path_under_a_namespaced_root(tmp_path):
@@ -76,6 +104,16 @@ def v2(tmp_path, monkeypatch):
 def test_a_v2_parent_gives_its_children_the_controllers(v2):
     assert cgroups._v2_parent(str(v2)) == (str(v2), "")
     assert (v2 / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+
+
+def test_a_v2_parent_whose_children_have_the_controllers_is_left_as_it_is(v2, monkeypatch):
+    (v2 / "cgroup.subtree_control").write_text("cpu io memory pids\n")
+    writes: list[tuple[str, str]] = []
+    monkeypatch.setattr(cgroups, "_write", lambda path, text: writes.append((path, text)))
+    assert cgroups._v2_parent(str(v2)) == (str(v2), "") and writes == []
+    (v2 / "cgroup.subtree_control").write_text("memory pids\n")
+    assert cgroups._v2_parent(str(v2)) == (str(v2), "")
+    assert writes == [(f"{v2}/cgroup.subtree_control", "+memory +pids +cpu")]
 
 
 def test_the_delegated_cgroup_named_in_the_environment_comes_first(v2, tmp_path, monkeypatch):
@@ -244,6 +282,18 @@ def test_a_real_cgroup_holds_its_bounds_and_its_close_kills_and_removes_everythi
     assert group.file("nothing", "x") is None
 
 
+def test_a_host_without_a_unified_hierarchy_gets_one_cgroup_per_v1_controller(real, monkeypatch):
+    pids = real.parents["pids"]
+    monkeypatch.setattr(cgroups, "layout", lambda: Layout({"pids": pids}, real.v2 & {"pids"}, None, ""))
+    group = Cgroup(96 << 20, 5, 1.0)
+    try:
+        assert group.folders == [f"{pids}/{group.name}"]
+        assert open(f"{pids}/{group.name}/pids.max").read().strip() == "5"
+    finally:
+        group.close()
+    assert not os.path.exists(f"{pids}/{group.name}")
+
+
 def test_the_sweep_removes_only_the_cgroups_of_graders_that_are_gone(real):
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -273,8 +323,11 @@ def test_the_sweep_removes_only_the_cgroups_of_graders_that_are_gone(real):
 
 
 def test_a_process_is_alive_until_reaped_and_an_absurd_pid_counts_as_alive():
-    child = subprocess.Popen(["true"])
+    child, running = subprocess.Popen(["true"]), sleeper()
     assert cgroups._alive(os.getpid()) is True
+    assert cgroups._alive(running.pid) is True
+    assert running.poll() is None  # asking sent it nothing
+    running.kill()
     child.wait()
     assert cgroups._alive(child.pid) is False
     assert cgroups._alive(10**20) is True  # never swept on a guess
@@ -292,8 +345,9 @@ def test_a_cgroup_that_stays_busy_is_left_for_the_next_sandbox_to_retry(tmp_path
     cgroups._remove(str(busy))
     assert 0.05 <= time.monotonic() - start < 5
     assert cgroups._left == [str(busy)] and set(kills) == {str(busy)} and len(kills) >= 2
-    cgroups._retry_left()  # still busy: kept for the next
-    assert cgroups._left == [str(busy)]
+    kills.clear()
+    cgroups._retry_left()  # still busy: killed again, kept for the next
+    assert cgroups._left == [str(busy)] and kills == [str(busy)]
     (busy / "held").unlink()
     cgroups._retry_left()
     assert cgroups._left == [] and not busy.exists()

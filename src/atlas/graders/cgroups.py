@@ -51,9 +51,11 @@ def _own_folders(
     mountinfo: str = "/proc/self/mountinfo", membership: str = "/proc/self/cgroup"
 ) -> dict[str, str]:
     """controller ('' for the unified hierarchy) -> this process's cgroup folder, from the mount
-    table and the cgroup membership (this process's by default)."""
+    table and the cgroup membership (this process's by default). Both hold paths as the kernel
+    stores them, bytes: they are read as the file system's names are, whatever the locale."""
+    names = {"encoding": sys.getfilesystemencoding(), "errors": sys.getfilesystemencodeerrors()}
     mounts: dict[str, tuple[str, str]] = {}
-    with open(mountinfo, encoding="utf-8") as f:
+    with open(mountinfo, **names) as f:
         for line in f:
             left, _, right = line.partition(" - ")
             fields, extra = left.split(), right.split()
@@ -67,7 +69,7 @@ def _own_folders(
                     if option in CONTROLLERS:
                         mounts.setdefault(option, (root, point))
     folders = {}
-    with open(membership, encoding="utf-8") as f:
+    with open(membership, **names) as f:
         for line in f:
             _, controllers, path = line.rstrip("\n").split(":", 2)
             for key in controllers.split(",") if controllers else [""]:
