@@ -121,6 +121,18 @@ def test_the_delegated_cgroup_named_in_the_environment_comes_first(v2, tmp_path,
     assert cgroups._v2_parent(str(tmp_path / "own")) == (str(v2), "")
 
 
+def test_a_v2_parent_without_the_controllers_is_named_with_the_way_out(tmp_path, monkeypatch):
+    fake = tmp_path / "cg"
+    fake.mkdir()
+    (fake / "cgroup.controllers").write_text("cpuset io\n")
+    monkeypatch.setenv(cgroups.PARENT_ENV, str(fake))
+    parent, why = cgroups._v2_parent(None)
+    assert parent is None and why == f"cgroup v2 at {fake} does not offer memory, pids, cpu"
+    (fake / "cgroup.controllers").write_text("memory pids cpu io\n")
+    (fake / "cgroup.subtree_control").write_text("memory pids cpu\n")
+    assert cgroups._v2_parent(None) == (str(fake), "")
+
+
 def test_a_v2_parent_that_cannot_be_read_or_is_absent_says_why(v2, tmp_path):
     assert cgroups._v2_parent(None) == (None, "no cgroup v2 hierarchy is mounted")
     (v2 / "cgroup.subtree_control").unlink()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import subprocess
 import threading
 import time
 
@@ -34,6 +35,7 @@ from atlas.graders.sandbox import (
     _release_uid,
     _root_binds,
     lock_path,
+    sweep_stale_scratch,
 )
 
 LIMITS = SandboxLimits(2.0, 256, 2, 1, 16, 4096, scratch_mb=9, scratch_inodes=333)
@@ -336,3 +338,34 @@ def test_the_unsandboxed_scratch_prefix_names_the_grader_process():
     assert sandbox.scratch_prefix() == f"atlas-sandbox-{os.getpid()}-"
     assert sandbox.scratch_prefix(42) == "atlas-sandbox-42-"
     assert sandbox.SCRATCH_NAME.fullmatch(sandbox.scratch_prefix(42) + "ab_9") is not None
+
+
+def test_the_stale_scratch_sweep_touches_only_its_own_folders_and_never_raises(tmp_path, monkeypatch):
+    root = tmp_path / "tmp"
+    root.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = {
+        "absurd": "atlas-sandbox-" + "9" * 20 + "-abc",  # raised OverflowError in every grader start
+        "dead": f"atlas-sandbox-{dead.pid}-abc",
+        "alive": f"atlas-sandbox-{os.getpid()}-abc",
+        "foreign": f"atlas-sandbox-{dead.pid}-xyz",
+        "link": f"atlas-sandbox-{dead.pid}-lnk",
+    }
+    target = tmp_path / "not-scratch"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    for key, name in names.items():
+        if key == "link":
+            os.symlink(target, root / name)
+        else:
+            (root / name).mkdir()
+    if os.geteuid() == 0:
+        os.chown(root / names["foreign"], 4321, 4321)
+    removed = sweep_stale_scratch(str(root))
+    assert removed == [names["dead"]]
+    left = sorted(os.listdir(root))
+    assert left == sorted(n for k, n in names.items() if k != "dead")
+    assert (target / "keep").read_text() == "x"
+    monkeypatch.setattr(os, "listdir", lambda _: (_ for _ in ()).throw(PermissionError("no")))
+    assert sweep_stale_scratch(str(root)) == []  # an unreadable folder: nothing, and no raise

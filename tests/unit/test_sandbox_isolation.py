@@ -33,7 +33,6 @@ from atlas.graders.sandbox import (
     lock_path,
     run_program,
     sandboxed_processes,
-    sweep_stale_scratch,
 )
 from atlas.runtime.execute import execute_call
 from atlas.runtime.tools import CodeBounds, tools_for
@@ -686,46 +685,3 @@ def test_a_training_stage_stops_at_start_without_bwrap(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: bubblewrap cannot start here"), proc.stderr
     assert not (tmp_path / "out").exists()
-
-
-def test_the_stale_scratch_sweep_touches_only_its_own_folders_and_never_raises(tmp_path, monkeypatch):
-    root = tmp_path / "tmp"
-    root.mkdir()
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    names = {
-        "absurd": "atlas-sandbox-" + "9" * 20 + "-abc",  # raised OverflowError in every grader start
-        "dead": f"atlas-sandbox-{dead.pid}-abc",
-        "alive": f"atlas-sandbox-{os.getpid()}-abc",
-        "foreign": f"atlas-sandbox-{dead.pid}-xyz",
-        "link": f"atlas-sandbox-{dead.pid}-lnk",
-    }
-    target = tmp_path / "not-scratch"
-    target.mkdir()
-    (target / "keep").write_text("x")
-    for key, name in names.items():
-        if key == "link":
-            os.symlink(target, root / name)
-        else:
-            (root / name).mkdir()
-    if os.geteuid() == 0:
-        os.chown(root / names["foreign"], 4321, 4321)
-    removed = sweep_stale_scratch(str(root))
-    assert removed == [names["dead"]]
-    left = sorted(os.listdir(root))
-    assert left == sorted(n for k, n in names.items() if k != "dead")
-    assert (target / "keep").read_text() == "x"
-    monkeypatch.setattr(os, "listdir", lambda _: (_ for _ in ()).throw(PermissionError("no")))
-    assert sweep_stale_scratch(str(root)) == []  # an unreadable folder: nothing, and no raise
-
-
-def test_a_v2_parent_without_the_controllers_is_named_with_the_way_out(tmp_path, monkeypatch):
-    fake = tmp_path / "cg"
-    fake.mkdir()
-    (fake / "cgroup.controllers").write_text("cpuset io\n")
-    monkeypatch.setenv(cgroups.PARENT_ENV, str(fake))
-    parent, why = cgroups._v2_parent(None)
-    assert parent is None and why == f"cgroup v2 at {fake} does not offer memory, pids, cpu"
-    (fake / "cgroup.controllers").write_text("memory pids cpu io\n")
-    (fake / "cgroup.subtree_control").write_text("memory pids cpu\n")
-    assert cgroups._v2_parent(None) == (str(fake), "")
