@@ -155,7 +155,7 @@ ONLY_FUNCTIONS: dict[str, set[str]] = {
         "_inside",
         "_hidden",
         "_root_binds",
-        "_proc_covers",
+        "_proc_cover_args",
         "_bwrap_command",
         "_claim_uid",
         "_release_uid",

@@ -7,10 +7,12 @@ that a flag dropped or a value swapped shows here in milliseconds."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import stat
 import subprocess
+import sys
 import threading
 import time
 
@@ -31,6 +33,7 @@ from atlas.graders.sandbox import (
     _claim_uid,
     _hidden,
     _inside,
+    _proc_cover_args,
     _proc_covers,
     _release_uid,
     _root_binds,
@@ -99,8 +102,36 @@ def test_the_root_is_usr_its_links_and_the_prefix_read_only_with_packages_covere
     assert covered == [p for (p,) in pairs(args, "--remount-ro")] == _hidden(trees) != []
 
 
+def test_top_level_folders_that_are_not_links_are_bound_and_a_prefix_under_usr_is_not_bound_again(
+    monkeypatch,
+):
+    monkeypatch.setattr(sandbox.os.path, "islink", lambda path: False)
+    monkeypatch.setattr(sandbox, "PREFIX", "/usr")
+    monkeypatch.setattr(sandbox, "_hidden", lambda trees: [])
+    tops = [f"/{t}" for t in ("bin", "sbin", "lib", "lib32", "lib64") if os.path.isdir(f"/{t}")]
+    assert tops  # /bin at least
+    expected = ["--ro-bind", "/usr", "/usr"] + [a for t in tops for a in ("--ro-bind", t, t)]
+    assert _root_binds("/elsewhere") == expected
+
+
+def test_the_package_folders_of_usr_and_of_the_prefix_are_hidden():
+    """Read with glob and the interpreter's own version, not with the code's listdir and sysconfig."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    usr = {
+        path
+        for pattern in ("/usr/lib/python*/dist-packages", "/usr/lib/python*/site-packages")
+        + ("/usr/local/lib/python*/dist-packages", "/usr/local/lib/python*/site-packages")
+        for path in map(os.path.realpath, glob.glob(pattern))
+        if os.path.isdir(path)
+    }
+    assert set(_hidden(["/usr"])) == usr
+    ours = {os.path.realpath(f"{PREFIX}/lib/{version}/site-packages")}
+    hidden = _hidden([PREFIX])
+    assert ours <= set(hidden) and not any(_inside(h, "/usr") for h in hidden if not _inside(PREFIX, "/usr"))
+
+
 def test_procs_shared_counters_are_covered_and_the_programs_own_entries_stay():
-    args = _proc_covers.__wrapped__()
+    args = _proc_cover_args()
     files = [p for _, p in pairs(args, "--ro-bind")]
     assert all(source == "/dev/null" for source, _ in pairs(args, "--ro-bind"))
     folders = [p for (p,) in pairs(args, "--tmpfs")]
@@ -126,7 +157,7 @@ def test_a_proc_that_hides_its_global_entries_stops_the_sandbox(monkeypatch):
     names = [n for n in os.listdir("/proc") if n != "stat"]
     monkeypatch.setattr(sandbox.os, "listdir", lambda _: names)
     with pytest.raises(SandboxUnavailable, match=r"hides its global entries \(subset=pid\?\)"):
-        _proc_covers.__wrapped__()
+        _proc_cover_args()
 
 
 # --- the command line ------------------------------------------------------------------------------
@@ -175,7 +206,7 @@ def inner_command(scratch: list[str], driver_args: list[str], prefix_source: str
 
 @pytest.fixture
 def tools(monkeypatch):
-    where = {"bwrap": BWRAP, "sh": "/bin/sh", "setpriv": "/usr/bin/setpriv"}
+    where = {"bwrap": BWRAP, "sh": "/opt/fake/sh", "setpriv": "/usr/bin/setpriv"}
     monkeypatch.setattr(sandbox.shutil, "which", where.get)
     return where
 
@@ -195,12 +226,20 @@ def test_a_root_grader_stages_the_prefix_and_an_inode_bounded_scratch_then_drops
     command = _bwrap_command(LIMITS, 5, ["python", "boot"], uid=1_900_000_042)
     stage = [BWRAP, "--info-fd", "5", "--unshare-pid", "--dev-bind", "/", "/", "--tmpfs", "/tmp"]
     stage += ["--ro-bind", PREFIX, STAGE_PYTHON, "--dir", STAGE_SCRATCH, "--die-with-parent", "--"]
-    scratch = ["/bin/sh", "-c", MOUNT_SCRATCH, "atlas-scratch", str(9 << 20), "333", "1900000042"]
+    scratch = ["/opt/fake/sh", "-c", MOUNT_SCRATCH, "atlas-scratch", str(9 << 20), "333", "1900000042"]
     drop = ["/usr/bin/setpriv", "--reuid=1900000042", "--regid=1900000042", "--clear-groups"]
     drop += ["--pdeathsig=SIGKILL", "--"]
     inner = inner_command(["--bind", STAGE_SCRATCH, "/tmp"], ["python", "boot"], STAGE_PYTHON)
     assert command == [*stage, *scratch, *drop, *inner]
     assert MOUNT_SCRATCH.startswith('mount -t tmpfs -o "size=$1,nr_inodes=$2,mode=0700,uid=$3,gid=$3" ')
+
+
+def test_a_root_grader_without_sh_or_setpriv_on_path_names_them_plainly(tools, monkeypatch):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    del tools["sh"], tools["setpriv"]
+    command = _bwrap_command(LIMITS, 5, ["python"], uid=7)
+    assert command[command.index("-c") - 1] == "/bin/sh"
+    assert command[command.index("--reuid=7") - 1] == "setpriv"
 
 
 def test_without_bwrap_on_path_the_command_line_is_refused(monkeypatch):
@@ -230,6 +269,7 @@ def test_a_thread_gets_two_uids_of_its_own_then_a_clear_error():
         t.start()
     for t in threads:
         t.join()
+    assert sorted(got) == ["a", "b"]  # an exception in a thread leaves its entry out
     for tid, uids, again in got.values():
         assert uids == [5000 + 2 * tid, 5000 + 2 * tid + 1] and again == uids[0]
     assert sandbox._uids_taken == set()
@@ -256,6 +296,31 @@ def test_the_lock_folder_is_the_first_parent_there_made_private(lock_parent):
     key = "lcb:q1"
     assert lock_path(key) == str(folder / hashlib.sha256(key.encode("utf-8")).hexdigest()[:32])
     assert lock_path("lcb:q1") != lock_path("lcb:q2")
+
+
+def test_a_parent_that_is_a_file_or_not_writable_is_passed_over_and_a_private_folder_left_alone(
+    tmp_path, monkeypatch
+):
+    a_file, locked, free = tmp_path / "a-file", tmp_path / "locked", tmp_path / "free"
+    a_file.write_text("")
+    locked.mkdir()
+    free.mkdir()
+    monkeypatch.setattr(sandbox, "LOCK_PARENTS", (str(a_file), str(locked), str(free)))
+    asked: list[tuple[str, int]] = []
+
+    def access(path: str, mode: int) -> bool:
+        asked.append((path, mode))
+        return path != str(locked)
+
+    monkeypatch.setattr(sandbox.os, "access", access)
+    chmods: list[str] = []
+    real_chmod = os.chmod
+    monkeypatch.setattr(sandbox.os, "chmod", lambda path, mode: (chmods.append(path), real_chmod(path, mode)))
+    folder = free / f"atlas-grading-{os.geteuid()}"
+    assert sandbox._locks_folder() == str(folder)
+    assert (str(locked), os.W_OK | os.X_OK) in asked
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and chmods == []  # made private, not fixed after
+    assert sandbox._locks_folder() == str(folder) and chmods == []
 
 
 @pytest.mark.parametrize("kind", ["link", "file"])
@@ -296,6 +361,21 @@ def test_a_question_lock_excludes_a_second_holder_until_released_then_its_file_g
     second.release()
     second.release()  # a second release changes nothing
     assert not os.path.exists(second.path) and os.listdir(os.path.dirname(second.path)) == []
+
+
+def test_a_lock_file_is_private_and_an_interrupted_wait_leaves_no_descriptor(lock_parent, monkeypatch):
+    lock = QuestionLock("q")
+    assert stat.S_IMODE(os.stat(lock.path).st_mode) == 0o600
+    lock.release()
+    before = sorted(os.listdir("/proc/self/fd"))
+
+    def interrupted(fd: int, op: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sandbox.fcntl, "flock", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        QuestionLock("q")
+    assert sorted(os.listdir("/proc/self/fd")) == before
 
 
 def test_the_lock_file_is_never_followed_through_a_link(lock_parent, tmp_path):
@@ -369,3 +449,21 @@ def test_the_stale_scratch_sweep_touches_only_its_own_folders_and_never_raises(t
     assert (target / "keep").read_text() == "x"
     monkeypatch.setattr(os, "listdir", lambda _: (_ for _ in ()).throw(PermissionError("no")))
     assert sweep_stale_scratch(str(root)) == []  # an unreadable folder: nothing, and no raise
+
+
+def test_the_sweep_goes_on_past_an_entry_that_vanished_and_never_raises_from_a_removal(tmp_path, monkeypatch):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gone, stale = f"atlas-sandbox-{dead.pid}-gone", f"atlas-sandbox-{dead.pid}-stale"
+    (tmp_path / stale).mkdir()
+    monkeypatch.setattr(sandbox.os, "listdir", lambda _: [gone, stale])  # gone: removed meanwhile
+    removals: list[str] = []
+
+    def rmtree(path: str, ignore_errors: bool = False) -> None:
+        removals.append(path)
+        if not ignore_errors:
+            raise PermissionError(path)
+
+    monkeypatch.setattr(sandbox.shutil, "rmtree", rmtree)
+    assert sweep_stale_scratch(str(tmp_path)) == [stale]
+    assert removals == [str(tmp_path / stale)]

@@ -251,8 +251,7 @@ PROC_KEPT = frozenset(
 )
 
 
-@functools.cache
-def _proc_covers() -> tuple[str, ...]:
+def _proc_cover_args() -> tuple[str, ...]:
     """bwrap arguments that cover the top-level entries of the sandbox's /proc that hold counters
     the whole host shares (stat, loadavg, meminfo, sys/fs/file-nr, sys/kernel/pty/nr, ...), which
     a program could move and a neighbour read. The entries are read from this host's /proc (the
@@ -274,6 +273,9 @@ def _proc_covers() -> tuple[str, ...]:
         elif info.st_mode & stat.S_IROTH:
             args += ["--ro-bind", "/dev/null", path]
     return tuple(args)
+
+
+_proc_covers = functools.cache(_proc_cover_args)  # read once per process
 
 
 def _bwrap_command(limits: SandboxLimits, info_fd: int, driver_args: list[str], uid: int | None) -> list[str]:
