@@ -130,6 +130,12 @@ def test_the_package_folders_of_usr_and_of_the_prefix_are_hidden():
     assert ours <= set(hidden) and not any(_inside(h, "/usr") for h in hidden if not _inside(PREFIX, "/usr"))
 
 
+def test_a_library_root_that_is_not_there_is_passed_over(monkeypatch):
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(sandbox.os.path, "isdir", lambda path: path != "/usr/local/lib" and real_isdir(path))
+    assert not any(_inside(path, "/usr/local/lib") for path in _hidden(["/usr"]))
+
+
 def test_procs_shared_counters_are_covered_and_the_programs_own_entries_stay():
     args = _proc_cover_args()
     files = [p for _, p in pairs(args, "--ro-bind")]
@@ -156,7 +162,10 @@ def test_procs_shared_counters_are_covered_and_the_programs_own_entries_stay():
 def test_a_proc_that_hides_its_global_entries_stops_the_sandbox(monkeypatch):
     names = [n for n in os.listdir("/proc") if n != "stat"]
     monkeypatch.setattr(sandbox.os, "listdir", lambda _: names)
-    with pytest.raises(SandboxUnavailable, match=r"hides its global entries \(subset=pid\?\)"):
+    with pytest.raises(
+        SandboxUnavailable,
+        match=r"^this host's /proc hides its global entries \(subset=pid\?\): cannot tell which to cover$",
+    ):
         _proc_cover_args()
 
 
