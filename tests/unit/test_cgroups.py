@@ -111,6 +111,8 @@ def test_a_v2_parent_whose_children_have_the_controllers_is_left_as_it_is(v2, mo
     writes: list[tuple[str, str]] = []
     monkeypatch.setattr(cgroups, "_write", lambda path, text: writes.append((path, text)))
     assert cgroups._v2_parent(str(v2)) == (str(v2), "") and writes == []
+    (v2 / "cgroup.subtree_control").write_text("memory pids cpu\n")  # exactly the three
+    assert cgroups._v2_parent(str(v2)) == (str(v2), "") and writes == []
     (v2 / "cgroup.subtree_control").write_text("memory pids\n")
     assert cgroups._v2_parent(str(v2)) == (str(v2), "")
     assert writes == [(f"{v2}/cgroup.subtree_control", "+memory +pids +cpu")]
