@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
@@ -272,7 +273,7 @@ def test_a_real_cgroup_holds_its_bounds_and_its_close_kills_and_removes_everythi
     try:
         parents = sorted({*real.parents.values(), *([real.unified] if real.unified else [])})
         assert group.folders == [f"{p}/{group.name}" for p in parents]
-        assert group.name.startswith(f"atlas-sandbox-{os.getpid()}-")
+        assert group.name.startswith(f"atlas-sandbox-{cgroups.pid_namespace()}-{os.getpid()}-")
         assert group.procs_files == [f"{f}/cgroup.procs" for f in group.folders]
         names = {"memory": "memory.max", "pids": "pids.max", "cpu": "cpu.max"}
         if "memory" not in real.v2:
@@ -301,6 +302,8 @@ def test_a_host_without_a_unified_hierarchy_gets_one_cgroup_per_v1_controller(re
     monkeypatch.setattr(cgroups, "layout", lambda: Layout({"pids": pids}, real.v2 & {"pids"}, None, ""))
     group = Cgroup(96 << 20, 5, 1.0)
     try:
+        namespace = int(os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]"))
+        assert cgroups.NAME.fullmatch(group.name).groups() == (str(namespace), str(os.getpid()))
         assert group.folders == [f"{pids}/{group.name}"]
         assert open(f"{pids}/{group.name}/pids.max").read().strip() == "5"
     finally:
@@ -312,12 +315,15 @@ def test_the_sweep_removes_only_the_cgroups_of_graders_that_are_gone(real):
     dead = subprocess.Popen(["true"])
     dead.wait()
     alive, inside = sleeper(), sleeper()
-    parent = real.parents["pids"]
+    # The parent may be a cgroup tree shared with other containers on the host, each with its own
+    # pid namespace: every name here is one that nothing else on the host can hold.
+    parent, ns, tag = real.parents["pids"], cgroups.pid_namespace(), uuid.uuid4().int % 10**12
     names = {
-        "dead": f"atlas-sandbox-{dead.pid}-7",
-        "own": f"atlas-sandbox-{os.getpid()}-999999",
-        "alive": f"atlas-sandbox-{alive.pid}-1",
-        "foreign": "someone-else-1",
+        "dead": f"atlas-sandbox-{ns}-{dead.pid}-{tag}",
+        "own": f"atlas-sandbox-{ns}-{os.getpid()}-{tag}",
+        "alive": f"atlas-sandbox-{ns}-{alive.pid}-{tag}",
+        "other namespace": f"atlas-sandbox-{ns + 1}-{dead.pid}-{tag}",
+        "foreign": f"someone-else-{tag}",
     }
     for name in names.values():
         os.mkdir(f"{parent}/{name}")
@@ -325,9 +331,10 @@ def test_the_sweep_removes_only_the_cgroups_of_graders_that_are_gone(real):
         with open(f"{parent}/{names['dead']}/cgroup.procs", "w") as f:
             f.write(str(inside.pid))
         layout = Layout({"pids": parent}, real.v2 & {"pids"}, None, "")
-        assert cgroups.sweep(layout) == [f"{parent}/{names['dead']}"]
+        assert f"{parent}/{names['dead']}" in cgroups.sweep(layout)
         assert inside.wait(10) == -9 and alive.poll() is None
-        assert [os.path.isdir(f"{parent}/{n}") for n in names.values()] == [False, True, True, True]
+        assert [os.path.isdir(f"{parent}/{n}") for n in names.values()] == [False, True, True, True, True]
+        assert cgroups.sweep(layout) == []  # nothing of this namespace left to sweep
         assert cgroups.sweep(Layout({"pids": f"{parent}/absent"}, frozenset(), None, "")) == []
     finally:
         alive.kill()

@@ -14,7 +14,9 @@ controllers:
 
 What is missing is said once (`layout().missing`); the sandbox's other bounds (per-process
 RLIMIT_AS, the process count of its uid, the scratch size) still hold. Each sandbox's cgroups are
-named `atlas-sandbox-<grader pid>-<n>`; a grader sweeps those of graders that are gone.
+named `atlas-sandbox-<pid namespace>-<grader pid>-<n>`; a grader sweeps those of graders of its
+own pid namespace that are gone. A pid means nothing outside its namespace, and containers on one
+host may share a cgroup tree: a sandbox of another namespace is never swept.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 CONTROLLERS = ("memory", "pids", "cpu")
 PARENT_ENV = "ATLAS_SANDBOX_CGROUP"  # a delegated cgroup v2 folder to make sandbox cgroups in
 PREFIX = "atlas-sandbox-"
-NAME = re.compile(r"atlas-sandbox-(\d{1,10})-\d{1,12}")
+NAME = re.compile(r"atlas-sandbox-(\d{1,20})-(\d{1,10})-\d{1,12}")
 CPU_PERIOD_US = 100_000
 REMOVE_S = 2.0  # how long a cgroup's last processes may take to be released before rmdir gives up
 
@@ -193,7 +195,7 @@ class Cgroup:
     def __init__(self, memory_bytes: int, max_pids: int, cpu_cores: float):
         _retry_left()
         self.layout = found = layout()
-        self.name = f"{PREFIX}{os.getpid()}-{next(_counter)}"
+        self.name = f"{PREFIX}{pid_namespace()}-{os.getpid()}-{next(_counter)}"
         self.folders: list[str] = []
         try:
             for folder in sorted({*found.parents.values(), *([found.unified] if found.unified else [])}):
@@ -283,6 +285,12 @@ def _remove(folder: str) -> None:
             time.sleep(0.005)
 
 
+@functools.cache
+def pid_namespace() -> int:
+    """The inode of this process's pid namespace: the namespace a pid in a cgroup's name means."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -303,7 +311,10 @@ def sweep(found: Layout) -> list[str]:
             continue
         for name in names:
             match = NAME.fullmatch(name)
-            if match is None or int(match.group(1)) == os.getpid() or _alive(int(match.group(1))):
+            if match is None or int(match.group(1)) != pid_namespace():
+                continue  # not a sandbox's, or a sandbox of a grader whose pids we cannot see
+            pid = int(match.group(2))
+            if pid == os.getpid() or _alive(pid):
                 continue
             _kill_all(f"{folder}/{name}")
             _remove(f"{folder}/{name}")
