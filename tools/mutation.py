@@ -117,6 +117,11 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "drift": (["src/atlas/rl/drift.py"], ["tests/unit/test_drift.py"]),
+    "potentials": (
+        ["src/atlas/rl/potentials.py", "src/atlas/rl/snapshot.py"],
+        ["tests/unit/test_rl_math.py", "tests/unit/test_snapshot_potential.py"],
+    ),
+    "regrade": (["src/atlas/rl/regrade.py"], ["tests/unit/test_regrade_plan.py"]),
     "prefix": (
         ["src/atlas/graders/prefix.py"],
         [
