@@ -121,7 +121,10 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ["src/atlas/rl/potentials.py", "src/atlas/rl/snapshot.py"],
         ["tests/unit/test_rl_math.py", "tests/unit/test_snapshot_potential.py"],
     ),
-    "regrade": (["src/atlas/rl/regrade.py"], ["tests/unit/test_regrade_plan.py"]),
+    "regrade": (
+        ["src/atlas/rl/regrade.py"],
+        ["tests/unit/test_regrade_plan.py", "tests/unit/test_regrade_folder.py"],
+    ),
     "prefix": (
         ["src/atlas/graders/prefix.py"],
         [

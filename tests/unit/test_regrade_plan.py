@@ -43,6 +43,14 @@ def test_plan_resumes_before_the_first_changed_step_and_revalidates_earlier_poin
     assert (plan.start, plan.revalidate) == (0, [])
     plan = planned(tmp_path, {"val_4"})
     assert (plan.start, plan.revalidate) == (4, [4])
+    # From scratch nothing is validated again ahead of the run: point 0 runs as the run's first.
+    plan = planned(tmp_path, {"step_0", "val_0"})
+    assert (plan.start, plan.revalidate) == (0, [])
+    plan = planned(tmp_path, {"step_1", "val_0"})
+    assert (plan.start, plan.revalidate) == (1, [0])
+    # A changed point 1 without a checkpoint 1 sends the run back to scratch.
+    plan = planned(tmp_path, {"val_1"}, checkpoints=(2, 3, 4), validated=(0, 1, 2, 4))
+    assert (plan.start, plan.revalidate) == (0, [])
 
 
 def test_a_validation_point_not_whole_is_validated_again(tmp_path):

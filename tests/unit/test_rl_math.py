@@ -109,6 +109,7 @@ def test_zero_potential_and_registry():
     ep = two_turn_episode()
     assert make_potential("zero")(ep) == [0.0, 0.0]
     assert isinstance(make_potential("zero"), ZeroPotential)
+    assert repr(make_potential("zero")) == "ZeroPotential()"
     with pytest.raises(KeyError, match="registered: .*'zero'"):
         make_potential("frozen_critic_not_registered")
 
@@ -124,7 +125,7 @@ def test_zero_potential_and_registry():
     assert make_potential("test_rl_math_fixed", values=[0.4, 0.3])(ep) == [0.4, 0.3]
     with pytest.raises(ValueError, match="already registered"):
         register_potential("test_rl_math_fixed")(ZeroPotential)
-    with pytest.raises(ValueError, match="returned 1 values .* 2 records"):
+    with pytest.raises(ValueError, match="potential <.*Fixed object at .*> returned 1 values .* 2 records"):
         evaluate_potential(Fixed([0.4]), ep)
     with pytest.raises(ValueError, match="non-finite"):
         evaluate_potential(Fixed([0.4, math.nan]), ep)

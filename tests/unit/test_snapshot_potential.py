@@ -3,15 +3,18 @@ through the update's packed path, which a GPU step takes; shaping from precomput
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 import atlas.rl.snapshot as snapshot
 from atlas.config.training import TrainingConfig
+from atlas.errors import InputError
 from atlas.hashing import sha256_file
 from atlas.model.policy import ActorCritic
 from atlas.rl.checkpoint import save_trainable
@@ -85,7 +88,9 @@ def test_evaluate_potentials_asks_a_batch_potential_once_and_checks_its_answer(p
     assert evaluate_potentials(potential, eps) == [potential(ep) for ep in eps]
     assert calls == [3]
     monkeypatch.setattr(potential, "batch", lambda e: [[0.0]] * len(e))
-    with pytest.raises(ValueError, match="returned 1 values for an episode with 3 records"):
+    with pytest.raises(
+        ValueError, match=r"potential CriticSnapshotPotential\(.*\) returned 1 values for an ep"
+    ):
         evaluate_potentials(potential, eps)  # the second episode has three records
     monkeypatch.setattr(potential, "batch", lambda e: real(e)[:2])
     with pytest.raises(ValueError, match="answered for 2 of 3 episodes"):
@@ -102,3 +107,80 @@ def test_shaping_from_precomputed_values_is_shaping_from_the_potential(potential
     assert [p.token_rewards.tolist() for p in given] == [p.token_rewards.tolist() for p in direct]
     assert [p.potential_before for p in given] == phis
     assert given[0].token_rewards[2].item() == pytest.approx(0.9 * -0.25 - 0.5)
+
+
+def snapshot_index(root: Path, steps: list[int]) -> Path:
+    """checkpoints.json listing a real critic file per step (listed in the given order)."""
+    entries = []
+    for k in steps:
+        ckpt = root / f"step_{k}"
+        ckpt.mkdir(parents=True)
+        save_file({"value_head.weight": torch.full((1, 4), float(k))}, str(ckpt / "critic.safetensors"))
+        digest = sha256_file(ckpt / "critic.safetensors")
+        entries.append({"step": k, "path": str(ckpt), "files": {"critic.safetensors": {"sha256": digest}}})
+    (root / "checkpoints.json").write_text(json.dumps({"checkpoints": entries}, ensure_ascii=False))
+    return root
+
+
+def test_the_snapshot_is_the_last_checkpoint_or_the_step_asked_for(tmp_path):
+    run = snapshot_index(tmp_path / "run", [3, 1, 2])
+    assert snapshot.snapshot_file(run, None) == (run / "step_3" / "critic.safetensors", 3)
+    assert snapshot.snapshot_file(run, 1) == (run / "step_1" / "critic.safetensors", 1)
+
+
+def snapshot_refusal(run: Path, step: int | None) -> str:
+    with pytest.raises(InputError) as err:
+        snapshot.snapshot_file(run, step)
+    return str(err.value)
+
+
+def test_a_snapshot_that_is_missing_unlisted_or_changed_is_refused_by_name(tmp_path):
+    index = tmp_path / "checkpoints.json"
+    assert snapshot_refusal(tmp_path, None) == f"{index}: missing; the snapshot run has not finished training"
+    index.write_text(json.dumps({"checkpoints": []}))
+    assert snapshot_refusal(tmp_path, None) == f"{index}: lists no checkpoints"
+    snapshot_index(tmp_path, [4, 2])
+    assert snapshot_refusal(tmp_path, 3) == f"{index}: no checkpoint for step 3; it lists [2, 4]"
+    critic = tmp_path / "step_4" / "critic.safetensors"
+    recorded = sha256_file(critic)
+    critic.write_bytes(critic.read_bytes()[:-1] + b" ")
+    changed = hashlib.sha256(critic.read_bytes()).hexdigest()
+    assert snapshot_refusal(tmp_path, None) == f"{critic}: sha256 {changed}, but {index} recorded {recorded}"
+    critic.unlink()
+    assert snapshot_refusal(tmp_path, 4) == f"{critic}: missing; {index} lists it for step 4"
+
+
+def test_the_potential_loads_the_step_asked_for_and_names_it(tmp_path):
+    run = snapshot_run(tmp_path)
+    ac = ActorCritic(tiny_lm(), TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8), seed=0)
+    index = json.loads((run / "checkpoints.json").read_text())
+    index["checkpoints"].append({**index["checkpoints"][0], "step": 2, "path": "/absent"})
+    (run / "checkpoints.json").write_text(json.dumps(index))
+    potential = CriticSnapshotPotential(model=ac, run_folder=run, step=1)
+    assert (potential.step, potential.source) == (1, str(tmp_path / "ckpt" / "critic.safetensors"))
+    assert repr(potential) == f"CriticSnapshotPotential({tmp_path / 'ckpt' / 'critic.safetensors'}, step 1)"
+
+
+def test_the_packed_path_is_taken_when_asked_and_by_default_on_a_gpu_only(potential, monkeypatch):
+    packs = []
+    real = snapshot.pack
+    monkeypatch.setattr(snapshot, "pack", lambda *a: packs.append(1) or real(*a))
+    eps = episodes([9, 31, 4])
+    potential.batch(eps)
+    assert packs == []  # a CPU: episode by episode
+    potential.batch(eps, packed=True)
+    assert packs == [1]
+    potential.batch(eps, packed=False)
+    assert packs == [1]
+
+    class OnGpu(Exception):
+        pass
+
+    def rope(_):
+        raise OnGpu
+
+    monkeypatch.setattr(snapshot, "liger_rope", rope)
+    monkeypatch.setattr(potential, "model", SimpleNamespace(value_head=SimpleNamespace(
+        weight=SimpleNamespace(device=torch.device("cuda"))), peft=None))  # fmt: skip
+    with pytest.raises(OnGpu):
+        potential.batch(eps)  # the default on a CUDA device: packed
