@@ -117,6 +117,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "drift": (["src/atlas/rl/drift.py"], ["tests/unit/test_drift.py"]),
+    "execute": (["src/atlas/runtime/execute.py"], ["tests/unit/test_execute.py"]),
     "potentials": (
         ["src/atlas/rl/potentials.py", "src/atlas/rl/snapshot.py"],
         ["tests/unit/test_rl_math.py", "tests/unit/test_snapshot_potential.py"],
