@@ -24,7 +24,8 @@
         run.json, wandb/, MANIFEST.json
 
 A fingerprint that differs from the current one (other config or inputs) means the work there is
-not this run's: it is moved aside to <run>.stale-<hash>, never deleted, and the run starts over.
+not this run's: it is moved aside to <run>.stale-<hash> (<run>.stale-<hash>-<n> where that name is
+taken), never deleted, and the run starts over.
 """
 
 from __future__ import annotations
@@ -70,22 +71,27 @@ def open_root(root: Path, fingerprint: dict[str, Any], resume_mode: str, run: st
     elif path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
         if old.get("sha256") != digest:
-            aside = root.with_name(f"{root.name}.stale-{old.get('sha256', 'unknown')[:12]}")
-            if aside.exists():
-                shutil.rmtree(aside)
+            aside = _free_aside(root, f"stale-{old.get('sha256', 'unknown')[:12]}")
             root.rename(aside)
             logger.info(
                 "%s: earlier work was made with another config or inputs; moved aside to=%s", run, aside
             )
     elif root.exists() and any(root.iterdir()):
-        aside = root.with_name(f"{root.name}.stale-unfingerprinted")
-        if aside.exists():
-            shutil.rmtree(aside)
+        aside = _free_aside(root, "stale-unfingerprinted")
         root.rename(aside)
         logger.info("%s: earlier work has no fingerprint; moved aside to=%s", run, aside)
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"sha256": digest, **fingerprint})
     return digest
+
+
+def _free_aside(root: Path, label: str) -> Path:
+    """<root>.<label>, or <root>.<label>-<n> (n from 2) where an earlier aside holds that name:
+    an aside is never replaced, so no work is lost."""
+    aside, n = root.with_name(f"{root.name}.{label}"), 2
+    while aside.exists() or aside.is_symlink():
+        aside, n = root.with_name(f"{root.name}.{label}-{n}"), n + 1
+    return aside
 
 
 def validation_points(steps: int, every: int) -> list[int]:
