@@ -84,6 +84,7 @@ def test_the_run_resumes_from_the_last_good_step_by_number(tmp_path, caplog):
 def test_with_no_good_step_left_the_run_starts_over(tmp_path, caplog):
     root = tmp_path / "run"
     (checkpoint(root, 4) / MANIFEST).unlink()
+    (root / "step_7").write_text("")  # a file, not a checkpoint: never the resume point
     event = check_checkpoints(root, "run")
     assert event["moved"] == ["step_4"] and not (root / "step_4").exists()
     assert logged(caplog)[-1] == "run: no good checkpoint left: starting over last_good=None"

@@ -81,7 +81,9 @@ def check_checkpoints(root: str | Path, run: str) -> dict[str, Any] | None:
     if not bad:
         return None
     event = _move_aside(root, bad, run)
-    left = sorted(k for p in root.glob("step_*") if (k := _step_number(p.name, "step_")) is not None)
+    left = sorted(
+        k for p in root.glob("step_*") if p.is_dir() and (k := _step_number(p.name, "step_")) is not None
+    )
     logger.info(
         "%s: %s last_good=%s",
         run,
