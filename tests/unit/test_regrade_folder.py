@@ -12,6 +12,7 @@ import pytest
 
 from atlas.config.graders import GraderConfig
 from atlas.config.runtime import RuntimeConfig
+from atlas.data.schema import TestCase
 from atlas.rl import regrade
 from atlas.rl.journal import step_dir, val_dir
 from atlas.rl.regrade import FolderRegrade, ResumePlan, brief, regrade_folder, summary, supersede
@@ -31,6 +32,7 @@ SUBMIT = ExecutionRecord(
 QUESTIONS = {
     "gpqa-1": {"question_uid": "gpqa-1", "source": "gpqa", "correct_letter": "C"},  # the fixed key: C
     "gpqa-2": {"question_uid": "gpqa-2", "source": "gpqa", "correct_letter": "A"},
+    "lcb-1": {"question_uid": "lcb-1", "source": "lcb", "func_name": None},
 }
 
 
@@ -48,15 +50,23 @@ def test_each_executed_call_is_graded_again_and_only_a_changed_score_is_a_change
                 tool_output_sha256=sha("submitted A")),  # unchanged
         replace(SUBMIT, question_uid="gpqa-2", sample=4, arguments='{"answer": "B"}',
                 tool_output_sha256=sha("submitted B, old wording")),  # same score, other output
+        replace(SUBMIT, question_uid="gpqa-2", sample=6, arguments='{"answer": "D"}',
+                tool_output_sha256=sha("submitted D, old wording")),  # and another
+        replace(SUBMIT, question_uid="lcb-1", source="lcb", arguments='{"code": "print(5)"}',
+                tool_output_sha256=sha("1/1 tests passed")),  # passes the tests now, in the sandbox
         replace(SUBMIT, question_uid="gpqa-2", sample=5, turn=0, tool="submit", arguments='{"answer": "Z"}',
                 tool_status="refused", score=0.0),  # a refusal is the parser's: never run again
     )  # fmt: skip
-    out = regrade_folder(folder, QUESTIONS, {}, RuntimeConfig(), GraderConfig())
+    tests = {"lcb-1": [(TestCase("stdin", "2 3\n", "5\n"), "public")]}
+    out = regrade_folder(folder, QUESTIONS, tests, RuntimeConfig(), GraderConfig())
     assert out == FolderRegrade(
         folder=folder.as_posix(),
-        calls=3,
-        score_changes=["gpqa-1 sample 0 turn 1 submit: score 0 -> 1"],
-        output_changes=1,
+        calls=5,
+        score_changes=[
+            "gpqa-1 sample 0 turn 1 submit: score 0 -> 1",
+            "lcb-1 sample 0 turn 1 submit: score 0 -> 1",
+        ],
+        output_changes=2,
     )
 
 
