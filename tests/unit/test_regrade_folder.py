@@ -33,6 +33,7 @@ QUESTIONS = {
     "gpqa-1": {"question_uid": "gpqa-1", "source": "gpqa", "correct_letter": "C"},  # the fixed key: C
     "gpqa-2": {"question_uid": "gpqa-2", "source": "gpqa", "correct_letter": "A"},
     "lcb-1": {"question_uid": "lcb-1", "source": "lcb", "func_name": None},
+    "lcb-2": {"question_uid": "lcb-2", "source": "lcb", "func_name": None},
 }
 
 
@@ -54,6 +55,8 @@ def test_each_executed_call_is_graded_again_and_only_a_changed_score_is_a_change
                 tool_output_sha256=sha("submitted D, old wording")),  # and another
         replace(SUBMIT, question_uid="lcb-1", source="lcb", arguments='{"code": "print(5)"}',
                 tool_output_sha256=sha("1/1 tests passed")),  # passes the tests now, in the sandbox
+        replace(SUBMIT, question_uid="lcb-2", source="lcb", tool="run_tests", arguments='{"code": "print(5)"}',
+                tool_output_sha256=sha("this problem has no public tests")),  # no tests: unchanged
         replace(SUBMIT, question_uid="gpqa-2", sample=5, turn=0, tool="submit", arguments='{"answer": "Z"}',
                 tool_status="refused", score=0.0),  # a refusal is the parser's: never run again
     )  # fmt: skip
@@ -61,7 +64,7 @@ def test_each_executed_call_is_graded_again_and_only_a_changed_score_is_a_change
     out = regrade_folder(folder, QUESTIONS, tests, RuntimeConfig(), GraderConfig())
     assert out == FolderRegrade(
         folder=folder.as_posix(),
-        calls=5,
+        calls=6,
         score_changes=[
             "gpqa-1 sample 0 turn 1 submit: score 0 -> 1",
             "lcb-1 sample 0 turn 1 submit: score 0 -> 1",
