@@ -3,10 +3,13 @@ the score it gives, with every program run in the real sandbox. Expected results
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from atlas.config.graders import GraderConfig
 from atlas.data.schema import TestCase
+from atlas.graders.sandbox import QuestionLock
 from atlas.runtime.execute import ToolResult, execute_call, refused
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
 
@@ -88,3 +91,39 @@ def test_a_tool_without_an_executor_is_a_bug_not_a_score():
     offered = {**gpqa_tools(CODE), **lcb_tools(CODE)}
     with pytest.raises(AssertionError, match="no executor for tool 'run_tests' on source 'gpqa'"):
         execute_call(call("run_tests", code="print(1)"), None, offered, GPQA, [], GRADERS, 400)
+
+
+def test_a_functional_question_is_graded_by_its_method():
+    question = {**LCB, "func_name": "add"}
+    tests = [
+        (TestCase("functional", "2\n3", "5"), "public"),
+        (TestCase("functional", "-1\n1", "0"), "private"),
+    ]
+    code = "class Solution:\n    def add(self, a, b):\n        return a + b"
+    result = execute_call(call("submit", code=code), None, lcb_tools(CODE), question, tests, GRADERS, 400)
+    assert result == ToolResult("ok", "2/2 tests passed", 1.0, True, True)
+
+
+@pytest.mark.parametrize(
+    "question,tool",
+    [
+        (GPQA, call("python", code="print(1)")),
+        (LCB, call("run_tests", code=SUM)),
+        (LCB, call("submit", code=SUM)),
+    ],
+)
+def test_every_program_runs_under_its_questions_lock(question, tool):
+    """While another program of the same question holds its lock, the call waits for it."""
+    offered = gpqa_tools(CODE) if question is GPQA else lcb_tools(CODE)
+    done = threading.Event()
+    held = QuestionLock(question["question_uid"])
+    try:
+        worker = threading.Thread(
+            target=lambda: (execute_call(tool, None, offered, question, TESTS, GRADERS, 400), done.set())
+        )
+        worker.start()
+        assert not done.wait(1.5)  # a program alone takes about 0.1 s
+    finally:
+        held.release()
+    worker.join(30)
+    assert done.is_set()
