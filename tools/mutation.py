@@ -204,7 +204,11 @@ ONLY_FUNCTIONS: dict[str, set[str]] = {
         "_outcome",
         "_judge",
         "_check_tests",
+        "_value_chars",
+        "_kept",
         "grade_code",
+        "_run_tests",
+        "_judged",
         "summarize",
     },
     # The pool: the order of the verdicts, the sandboxes started ahead, the number of workers.

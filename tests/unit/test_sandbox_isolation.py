@@ -107,6 +107,64 @@ def test_a_wrong_answer_never_changes_what_runs_next():
     assert v.tests[2].detail == "not run: an earlier test ended in an error"
 
 
+def test_no_comparison_runs_before_every_test_has_run_and_the_question_is_free(monkeypatch):
+    """A comparison stops at the first line that differs, so its time told a program, timing the
+    gap before its next test, whether its guess was right. Every comparison now starts once the
+    sandbox is gone and the question's lock released: no program of the question is left to time it."""
+    from atlas.graders import lcb
+
+    tests = [Case("stdin", f"{n}\n", f"{n}\n") for n in (1, 2, 3)]
+    seen = []
+    compare = lcb.compare_stdout
+
+    def watched(got, expected):
+        seen.append((expected, os.path.exists(lock_path("q-oracle")), tuple(sandboxed_processes())))
+        if len(seen) == 1:
+            raise ValueError("a comparison that fails")  # the first test's error, judged last
+        return compare(got, expected)
+
+    monkeypatch.setattr(lcb, "compare_stdout", watched)
+    v = grade_code("print(input())", tests, func_name=None, cfg=CFG, question="q-oracle")
+    assert seen == [("1\n", False, ()), ("2\n", False, ()), ("3\n", False, ())]
+    # an error found by judging stops nothing: the tests had all run by then
+    assert [t.status for t in v.tests] == ["error", "passed", "passed"]
+    assert v.tests[0].detail == "the output could not be judged (ValueError)"
+    # grade_many: a worker's next program never waits for the comparisons of the one before
+    seen.clear()
+    verdicts = grade_many([("print(input())", tests, None)] * 3, cfg=CFG)
+    assert [len(seen), {alive for _, _, alive in seen}] == [9, {()}]
+    assert [v.passed for v in verdicts] == [2, 3, 3]
+
+
+def test_a_returned_value_longer_than_any_equal_one_is_never_parsed(monkeypatch):
+    """marshal shares objects: [{}] * 4_150_000 crosses the pipe in a few bytes of payload and
+    16 Mi characters of JSON, and parsing it cost the grader about 350 MiB a test. A value's JSON
+    longer than three times the expected value's, plus 4 KiB, cannot equal it and is not parsed."""
+    from atlas.graders import lcb
+
+    compared = []
+    compare = lcb.compare_functional
+    monkeypatch.setattr(
+        lcb,
+        "compare_functional",
+        lambda value, expected: compared.append(len(value)) or compare(value, expected),
+    )
+    code = "class Solution:\n    def f(self, n):\n        d = {}\n        return [d] * 4_150_000\n"
+    slow = CFG.model_copy(update={"test_timeout_s": 20.0})  # the driver sizes and writes 16 Mi characters
+    v = grade_code(code, [Case("functional", "1", "[]")], func_name="f", cfg=slow)
+    assert [(t.status, t.detail) for t in v.tests] == [
+        ("wrong_answer", "return value longer than 4102 characters of JSON")
+    ]
+    assert compared == []  # the value's JSON text was never parsed
+    # values equal to the expected one, spelled longer (1.0 and true for 1, -0.0 for 0), still pass
+    many = "[" + ", ".join(["1", "0"] * 5000) + "]"
+    for value in ("[1.0, 0.0] * 5000", "[True, False] * 5000", "[1, -0.0] * 5000"):
+        code = f"class Solution:\n    def f(self, n):\n        return {value}\n"
+        assert grade_code(code, [Case("functional", "1", many)], func_name="f", cfg=CFG).status == "passed", (
+            value
+        )
+
+
 def test_the_page_cache_levers_are_refused():
     """Pages of a read-only file carried a program's guesses across gradings. The calls that show
     or change what the page cache holds are refused (reading a file still loads its pages)."""

@@ -11,8 +11,9 @@ Like lcb_runner, the program is run after lcb_runner's import prefix (`from typi
 `import collections, math, heapq, ...`, a recursion limit of 50000), tests in order, and the
 verdict is that of the first test that did not pass. Unlike lcb_runner, a wrong answer does not
 stop the tests: what runs inside the sandbox never depends on a comparison with an expected
-output, so a program cannot learn which of its outputs passed, and each test starts with an empty
-scratch folder. Only a timeout or an error, which the program itself decides, ends its tests. One sandbox per
+output, in what runs or when (every test runs before any is judged, and judging starts once the
+sandbox is closed), so a program cannot learn which of its outputs passed, and each test starts
+with an empty scratch folder. Only a timeout or an error, which the program itself decides, ends its tests. One sandbox per
 program: its driver starts once and runs each test in a child (sandbox.py, driver.py); test inputs
 go in one at a time and expected outputs never do. Bounds: `test_timeout_s` per test, and
 `program_timeout_s` for all tests of the program together; a test the shrinking budget cuts short
@@ -25,6 +26,7 @@ that test's error, and a driver that died is the verdict "the sandbox ended".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import signal
@@ -152,6 +154,27 @@ def _keep_bytes(test: TestCase, limits: SandboxLimits) -> int:
     return max(limits.max_output_bytes, 2 * len(test.output.encode("utf-8")) + 4096)
 
 
+@functools.lru_cache(maxsize=1024)
+def _value_chars(expected: str) -> int:
+    """The longest returned value's JSON (as the driver writes it: json.dumps's defaults) that
+    could equal the JSON `expected`: three times expected's own length in that spelling (an equal
+    value may spell 1 as 1.0, true or -0.0), plus 4 KiB. Longer values are not parsed at all, so
+    a value that marshal shares into millions of objects costs the grader nothing."""
+    try:
+        return 3 * len(json.dumps(json.loads(expected))) + 4096
+    except (ValueError, RecursionError):
+        return 3 * len(expected) + 4096
+
+
+def _kept(run: RunResult, test: TestCase) -> RunResult:
+    """What the grader keeps of a run until its tests are judged: a returned value no longer than
+    one that could be equal, plus a character to show it was longer."""
+    if test.testtype != "functional" or run.value is None:
+        return run
+    limit = _value_chars(test.output)
+    return run if len(run.value) <= limit else dataclasses.replace(run, value=run.value[: limit + 1])
+
+
 def _outcome(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
     """The judgement of one run; anything the comparison raises is the test's error, never the
     grader's."""
@@ -169,6 +192,10 @@ def _judge(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
     if run.stdout_truncated:
         return TestOutcome("wrong_answer", run.wall_s, f"output longer than {len(run.stdout)} bytes")
     if test.testtype == "functional":
+        if run.value is not None and len(run.value) > (limit := _value_chars(test.output)):
+            return TestOutcome(
+                "wrong_answer", run.wall_s, f"return value longer than {limit} characters of JSON"
+            )
         difference = compare_functional(run.value, test.output)
     else:
         difference = compare_stdout(run.stdout, test.output)
@@ -177,9 +204,9 @@ def _judge(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
     return TestOutcome("wrong_answer", run.wall_s, _clip(difference, DETAIL_CHARS))
 
 
-# Outcomes after which the later tests do not run. Both are the program's own doing (its time,
-# its exit), never the comparison's: a program learns nothing it could not know, while a wrong
-# answer, which only the expected output decides, never changes what runs next.
+# Runs after which the later tests do not run. Both are the program's own doing (its time, its
+# exit), never the comparison's: a program learns nothing it could not know, while a wrong answer,
+# which only the expected output decides, never changes what runs next.
 STOPS = {"timeout": "timed out", "error": "ended in an error"}
 # A test outcome -> the program status it gives when it is the first test that did not pass.
 VERDICT_OF = {"passed": "passed", "wrong_answer": "failed", "timeout": "timeout", "error": "error"}
@@ -216,6 +243,28 @@ def grade_code(
     `sandbox`: one started ahead for this program (never loaded), which grade_code loads and
     closes; by default it starts its own. `question`: what the program is an attempt at (by
     default its tests): no other program of it runs on this host meanwhile (sandbox.QuestionLock)."""
+    return _judged(_run_tests(code, tests, func_name, cfg, sandbox, question), tests, cfg)
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """A program's tests run, not yet judged: each test's run (None: skipped) and the verdict and
+    detail its program gets when the budget or an earlier test decided it."""
+
+    runs: list[tuple[RunResult | None, tuple[str, str] | None]]
+    sandboxed: bool
+    start: float
+
+
+def _run_tests(
+    code: str,
+    tests: Sequence[TestCase],
+    func_name: str | None,
+    cfg: GraderConfig,
+    sandbox: Sandbox | None,
+    question: str | None,
+) -> _Ran:
+    """Every test of the program, run in order under its question's lock, nothing judged."""
     try:
         _check_tests(tests, func_name)
         # Held until every test has run: waiting for it is no part of the program's time budget.
@@ -227,8 +276,10 @@ def grade_code(
 
     start = time.monotonic()
     budget_note = f"the program's {cfg.program_timeout_s:g} s budget ran out"
-    outcomes: list[TestOutcome] = []
-    verdict_of_test: list[str] = []  # what each test means for the whole program
+    # Every test runs before any is judged, and judging starts once the sandbox is closed and the
+    # question's lock released: how long a comparison takes (it stops at the first line that
+    # differs) is then nothing a program of this question can time, in its sandbox or the next.
+    runs: list[tuple[RunResult | None, tuple[str, str] | None]] = []  # (run, (verdict, detail) set)
     skip: tuple[str, str] | None = None  # once set: (what a skipped test means, why it is skipped)
     limits = SandboxLimits.from_config(cfg)
     mode = tests[0].testtype
@@ -243,8 +294,7 @@ def grade_code(
             if skip is None and remaining <= 0:
                 skip = ("program_timeout", f"not run: {budget_note}")
             if skip is not None:
-                outcomes.append(TestOutcome("skipped", 0.0, skip[1]))
-                verdict_of_test.append(skip[0])
+                runs.append((None, skip))
                 continue
             if box is None or not box.alive:  # a program can end its sandbox: the next test gets a new one
                 if box is not None:
@@ -253,22 +303,36 @@ def grade_code(
                 sandboxed = sandboxed and box.sandboxed
             remaining = cfg.program_timeout_s - (time.monotonic() - start)
             timeout = max(0.0, min(cfg.test_timeout_s, remaining))
-            run = box.run(test.input, timeout_s=timeout, keep_bytes=_keep_bytes(test, limits))
-            outcome = _outcome(run, test, cfg.test_timeout_s)  # the configured bound, not the remainder
-            if outcome.status == "timeout" and timeout < cfg.test_timeout_s:
+            run = _kept(box.run(test.input, timeout_s=timeout, keep_bytes=_keep_bytes(test, limits)), test)
+            if run.status == "timeout" and timeout < cfg.test_timeout_s:
                 # Cut short by the program's budget, not by its own bound.
-                outcome = dataclasses.replace(outcome, detail=f"cut short: {budget_note}")
-                verdict_of_test.append("program_timeout")
+                runs.append((run, ("program_timeout", f"cut short: {budget_note}")))
                 skip = ("program_timeout", f"not run: {budget_note}")
             else:
-                verdict_of_test.append(VERDICT_OF[outcome.status])
-                if outcome.status in STOPS:
-                    skip = ("skipped", f"not run: an earlier test {STOPS[outcome.status]}")
-            outcomes.append(outcome)
+                runs.append((run, None))
+                if run.status in STOPS:
+                    skip = ("skipped", f"not run: an earlier test {STOPS[run.status]}")
     finally:
         if box is not None:
             box.close()
         alone.release()
+    return _Ran(runs, sandboxed, start)
+
+
+def _judged(ran: _Ran, tests: Sequence[TestCase], cfg: GraderConfig) -> Verdict:
+    """The verdict of a program's runs, judged once its sandbox is closed and its lock released."""
+    outcomes: list[TestOutcome] = []
+    verdict_of_test: list[str] = []  # what each test means for the whole program
+    for test, (run, note) in zip(tests, ran.runs, strict=True):
+        if run is None:
+            outcomes.append(TestOutcome("skipped", 0.0, note[1]))
+            verdict_of_test.append(note[0])
+            continue
+        outcome = _outcome(run, test, cfg.test_timeout_s)  # the configured bound, not the remainder
+        if note is not None:
+            outcome = dataclasses.replace(outcome, detail=note[1])
+        verdict_of_test.append(VERDICT_OF[outcome.status] if note is None else note[0])
+        outcomes.append(outcome)
 
     passed = sum(o.status == "passed" for o in outcomes)
     status = next((v for v in verdict_of_test if v != "passed"), "passed")
@@ -277,8 +341,8 @@ def grade_code(
         total=len(tests),
         tests=outcomes,
         status=status,
-        wall_s=time.monotonic() - start,
-        sandboxed=sandboxed,
+        wall_s=time.monotonic() - ran.start,
+        sandboxed=ran.sandboxed,
     )
 
 
@@ -293,7 +357,7 @@ def grade_many(
     dies with that thread, and one a worker ends up not needing is closed before grade_many
     returns."""
     jobs = list(jobs)
-    verdicts: list[Verdict | None] = [None] * len(jobs)
+    ran: list[_Ran | None] = [None] * len(jobs)
     claimed = iter(range(len(jobs)))  # next() on a range iterator is atomic under the GIL
     limits = SandboxLimits.from_config(cfg)
 
@@ -305,7 +369,7 @@ def grade_many(
                 if n + cfg.workers < len(jobs):  # a job is left for this worker, very likely
                     ahead = Sandbox(mode="stdin", limits=limits)
                 code, tests, name = jobs[n]
-                verdicts[n] = grade_code(code, tests, func_name=name, cfg=cfg, sandbox=box)
+                ran[n] = _run_tests(code, tests, name, cfg, box, None)
         finally:
             if ahead is not None:
                 ahead.close()
@@ -313,7 +377,9 @@ def grade_many(
     with ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="lcb-grader") as pool:
         for future in [pool.submit(worker) for _ in range(min(cfg.workers, len(jobs)))]:
             future.result()
-    return verdicts
+    # Judged once every program has run: a worker's next program never waits for the last one's
+    # comparisons, which would time them for it.
+    return [_judged(r, tests, cfg) for r, (_, tests, _) in zip(ran, jobs, strict=True)]
 
 
 LABELS = {"wrong_answer": "wrong answer", "timeout": "timeout", "error": "error", "skipped": "skipped"}
