@@ -120,7 +120,12 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     "drift": (["src/atlas/rl/drift.py"], ["tests/unit/test_drift.py"]),
     "journal": (
         ["src/atlas/rl/journal.py"],
-        ["tests/unit/test_journal.py", "tests/unit/test_step_journal.py", "tests/unit/test_stage_exit.py"],
+        [
+            "tests/unit/test_journal.py",
+            "tests/unit/test_run_assembly.py",
+            "tests/unit/test_step_journal.py",
+            "tests/unit/test_stage_exit.py",
+        ],
     ),
     "execute": (["src/atlas/runtime/execute.py"], ["tests/unit/test_execute.py"]),
     "potentials": (

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import logging
 
 from atlas.hashing import MANIFEST
 from atlas.rl import journal
@@ -120,3 +121,19 @@ def test_the_checkpoint_index_lists_each_checkpoint_with_its_manifest_hashes(tmp
     assert journal._read_samples(tmp_path / "samples.json") == []  # a journal from before the sampler
     (tmp_path / "samples.json").write_text('[{"rss_gb": 1.5}]')
     assert journal._read_samples(tmp_path / "samples.json") == [{"rss_gb": 1.5}]
+
+
+def test_each_move_and_removal_is_logged_with_where_the_work_went(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="atlas")
+    root = tmp_path / "arm"
+    first = open_root(root, {"config": 1}, "auto", "arm")
+    open_root(root, {"config": 2}, "auto", "arm")
+    open_root(root, {"config": 2}, "disable", "arm")
+    other = tmp_path / "old"
+    (other / "step_1").mkdir(parents=True)
+    open_root(other, {"config": 1}, "auto", "old")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"arm: earlier work was made with another config or inputs; moved aside to={tmp_path / f'arm.stale-{first[:12]}'}",
+        f"arm: resume_mode disable: removing earlier work folder={root}",
+        f"old: earlier work has no fingerprint; moved aside to={tmp_path / 'old.stale-unfingerprinted'}",
+    ]
