@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from atlas.graders import sandbox
 from atlas.graders.sandbox import (
     HOST_GRACE_S,
     SANDBOX_ENDED,
+    QuestionLock,
     RunResult,
     Sandbox,
     SandboxLimits,
@@ -127,7 +129,7 @@ def test_a_sandbox_runs_one_program_of_the_kind_it_was_started_for():
             box.load("print(1)", mode="script")
         box.load("class Solution:\n    def f(self, a):\n        return a", mode="functional", func_name="f")
         assert box.run("7", timeout_s=2.0, keep_bytes=100).value == "7"
-        with pytest.raises(RuntimeError, match="a sandbox runs one program only"):
+        with pytest.raises(RuntimeError, match="^a sandbox runs one program only$"):
             box.load("print(2)")
     with Sandbox(mode="script", limits=LIMITS) as box:
         with pytest.raises(
@@ -144,7 +146,7 @@ def test_a_sandbox_whose_driver_is_gone_before_its_program_is_refused_and_closed
             time.sleep(0.01)
         os.kill(box._init_pid(), signal.SIGKILL)
         box.proc.wait(5)
-        with pytest.raises(SandboxUnavailable, match="^the sandbox did not start: "):
+        with pytest.raises(SandboxUnavailable, match="^the sandbox did not start: no reply from its driver$"):
             box.load("print(1)")
         assert box.request is None and box.cgroup is None  # closed
     finally:
@@ -175,3 +177,84 @@ def test_grading_stops_at_start_without_bubblewrap_unless_running_without_it_is_
     assert require_sandbox(True) is False
     monkeypatch.setattr(sandbox, "_probe", lambda: (True, ""))
     assert require_sandbox(False) is True
+
+
+def test_one_sandbox_runs_its_program_again_on_each_test_without_stdin_by_default():
+    code = "import os, sys\nprint(repr(sys.stdin.read()), sorted(os.listdir('.')))\nopen('left', 'w').close()"
+    with Sandbox(code, mode="stdin", limits=LIMITS) as box:
+        first = box.run(timeout_s=2.0, keep_bytes=100)
+        second = box.run("x", timeout_s=2.0, keep_bytes=100)
+        assert (first.stdout, second.stdout, box.alive) == ("'' []\n", "'x' []\n", True)
+    assert run_program("import sys\nprint(repr(sys.stdin.read()))", limits=LIMITS).stdout == "''\n"
+
+
+def test_stderr_is_cut_at_the_byte_bound_whole_characters_or_not():
+    exact = SandboxLimits(2.0, 512, 5, 8, 64, 64)
+    with Sandbox("import sys\nsys.stderr.write('e' * 64)", mode="stdin", limits=exact) as box:
+        assert ran(box.run("", timeout_s=2.0, keep_bytes=100))[3:6] == ("e" * 64, False, False)
+    odd = SandboxLimits(2.0, 512, 5, 8, 64, 63)  # 63 bytes end inside a two-byte character
+    with Sandbox("import sys\nsys.stderr.write('é' * 40)", mode="stdin", limits=odd) as box:
+        result = box.run("", timeout_s=2.0, keep_bytes=100)
+    assert (result.stderr, result.stderr_truncated) == ("é" * 31 + "\ufffd", True)
+
+
+def test_an_lcb_program_runs_after_the_prefix_it_needs_as_solution_py_and_a_script_as_it_is():
+    with Sandbox("print(math.sqrt(16))\nraise KeyError(1)", mode="stdin", limits=LIMITS) as box:
+        result = box.run("", timeout_s=2.0, keep_bytes=100)
+    assert (result.stdout, result.returncode) == ("4.0\n", 1)  # math came from lcb_runner's prefix
+    assert 'File "solution.py", line 2' in result.stderr
+    script = run_program("print(math.sqrt(16))", limits=SandboxLimits(2.0, 512, 5, 8, 64, 4096))
+    assert script.status == "error" and script.stderr.endswith("NameError: name 'math' is not defined\n")
+
+
+@pytest.mark.parametrize("start", ["sandbox", "run_program"])
+def test_a_program_that_names_its_question_waits_for_that_questions_lock(start):
+    done = threading.Event()
+
+    def go():
+        if start == "sandbox":
+            with Sandbox("print(1)", mode="stdin", limits=LIMITS, question="q-sandbox-run") as box:
+                box.run("", timeout_s=2.0, keep_bytes=10)
+        else:
+            run_program("print(1)", limits=LIMITS, question="q-sandbox-run")
+        done.set()
+
+    held = QuestionLock("q-sandbox-run")
+    try:
+        worker = threading.Thread(target=go)
+        worker.start()
+        assert not done.wait(1.0)  # a program alone takes about 0.1 s
+    finally:
+        held.release()
+    worker.join(30)
+    assert done.is_set()
+
+
+def test_a_driver_killed_while_its_test_runs_ends_the_run_at_once_as_an_error():
+    with Sandbox("import time\nprint('up', flush=True)\ntime.sleep(5)", mode="stdin", limits=LIMITS) as box:
+        killer = threading.Timer(0.5, lambda: os.kill(box._init_pid(), signal.SIGKILL))
+        killer.start()
+        result = box.run("", timeout_s=4.0, keep_bytes=100)
+        killer.join()
+    assert ran(result) == ("error", None, "up\n", SANDBOX_ENDED, False, False, True, None)
+    assert result.wall_s < 3.0  # the pipe's end, not the deadline, ended it
+
+
+def test_a_request_the_driver_does_not_read_gives_up_at_its_deadline():
+    with Sandbox("print(1)", mode="stdin", limits=LIMITS) as box:
+        for pid in sandbox_processes(box):
+            os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        assert box._send(b"T", b"x" * (4 << 20), start + 0.3) is False  # more than the pipe holds
+        assert 0.3 <= time.monotonic() - start < 3
+    with Sandbox("print(1)", mode="stdin", limits=LIMITS) as box:
+        os.kill(box._init_pid(), signal.SIGKILL)
+        box.proc.wait(5)
+        assert box._send(b"T", b"x" * (4 << 20), time.monotonic() + 5) is False  # a broken pipe
+
+
+def test_a_driver_that_cannot_start_is_named_by_what_it_said(monkeypatch):
+    monkeypatch.setattr(sandbox, "PYTHON_FLAGS", [*sandbox.PYTHON_FLAGS, "--no-such-option"])
+    with pytest.raises(SandboxUnavailable) as err:
+        Sandbox("print(1)", mode="stdin", limits=LIMITS)
+    assert str(err.value).startswith("the sandbox did not start: unknown option --no-such-option")
