@@ -18,6 +18,7 @@ from atlas.contracts.records import TRAJECTORY_SCHEMA
 from atlas.hashing import MANIFEST, verify, write_manifest
 from atlas.rl import journal
 from atlas.rl.journal import assemble, step_dir, val_dir
+from atlas.runtime.protocol import ProtocolReport
 from atlas.runtime.records import ExecutionRecord, write_records
 
 RECORD = ExecutionRecord(
@@ -86,8 +87,8 @@ def export(folder: Path) -> None:
     (folder / "actor" / "adapter_model.safetensors").write_bytes(b"adapter")
 
 
-def build(tmp_path: Path, **change) -> Path:
-    root, out = tmp_path / "checkpoints" / "arm", tmp_path / "runs" / "arm"
+def build(tmp_path: Path, name: str = "arm", **change) -> Path:
+    root, out = tmp_path / "checkpoints" / "arm", tmp_path / "runs" / name
     if not root.exists():
         write_journal(root)
     args = dict(run="arm", steps=2, validated=[0, 2], checkpoints=[1, 2], run_info={"steps": 2},
@@ -172,3 +173,62 @@ def test_a_steps_results_are_written_beside_its_rollouts_and_a_bad_metric_fails_
     assert json.loads((folder / "metrics.json").read_text()) == {"actor/pg_loss": 0.125}  # kept as it was
     journal.write_step_metrics(root, 3, {"actor/pg_loss": 0.125, "timing_s/save_checkpoint": 0.5})
     assert json.loads((folder / "metrics.json").read_text())["timing_s/save_checkpoint"] == 0.5
+
+
+def test_every_table_is_zstd_and_a_key_outside_a_schema_is_named_by_its_table(tmp_path, monkeypatch):
+    out = build(tmp_path)
+    for name in ("records", "trajectories", "step_metrics", "call_advantages", "validation"):
+        meta = pq.ParquetFile(out / f"{name}.parquet").metadata
+        assert {meta.row_group(0).column(c).compression for c in range(meta.num_columns)} == {"ZSTD"}, name
+    root = tmp_path / "checkpoints" / "arm"
+    journal.write_table(tmp_path / "calls.parquet", [{"run": "arm", "step": 0}], runs.CALL_ADVANTAGES_SCHEMA)
+    meta = pq.ParquetFile(tmp_path / "calls.parquet").metadata
+    assert meta.row_group(0).column(0).compression == "ZSTD"
+    with pytest.raises(
+        ValueError, match=rf"^{tmp_path / 'bad.parquet'}: columns \['extra'\] are not in its schema"
+    ):
+        journal.write_table(
+            tmp_path / "bad.parquet", [{"run": "arm", "extra": 1}], runs.CALL_ADVANTAGES_SCHEMA
+        )
+    for folder, file, value, what in [
+        (step_dir(root, 1), "metrics.json", {"actor/pg_loss": 1.0, "extra": 1.0}, "step metrics"),
+        (val_dir(root, 2), "validation.json", [{"run": "arm", "step": 2, "extra": 1}], "validation curve"),
+    ]:
+        kept = (folder / file).read_text()
+        (folder / file).write_text(json.dumps(value))
+        with pytest.raises(ValueError, match=rf"^{what}: columns \['extra'\] are not in its schema"):
+            build(tmp_path, "again")
+        (folder / file).write_text(kept)
+    journal.write_table(
+        step_dir(root, 0) / "call_advantages.parquet",
+        [{"run": "arm", "step": 0}],
+        runs.CALL_ADVANTAGES_SCHEMA,
+    )
+    real = journal.pl.read_parquet
+    monkeypatch.setattr(
+        journal.pl, "read_parquet", lambda path: real(path).with_columns(journal.pl.lit(1).alias("extra"))
+    )
+    with pytest.raises(ValueError, match=r"^call advantages: columns \['extra'\] are not in its schema"):
+        build(tmp_path, "third")
+
+
+def test_the_journal_layout_and_a_validation_point_written_whole(tmp_path):
+    assert (step_dir(tmp_path, 3), val_dir(tmp_path, 4)) == (
+        tmp_path / "journal" / "step_3",
+        tmp_path / "journal" / "val_4",
+    )
+    report = ProtocolReport(episodes=0)
+    journal.write_validation(
+        tmp_path, 4, [], report, [{"run": "arm", "step": 4, "source": "all", "n": 0}], run="arm"
+    )
+    folder = tmp_path / "journal" / "val_4"
+    assert json.loads((folder / "validation.json").read_text()) == [
+        {"run": "arm", "step": 4, "source": "all", "n": 0}
+    ]
+    assert json.loads((folder / "protocol.json").read_text())["run"] == "arm"
+    assert pq.read_table(folder / "records.parquet").num_rows == 0
+    journal.write_validation(tmp_path, 4, [], report, [], run="arm")  # written again over itself
+    assert json.loads((folder / "validation.json").read_text()) == []
+    # a protocol.json without violation rows adds none
+    (tmp_path / "p.json").write_text(json.dumps({"episodes": 2}))
+    assert journal._protocol_totals([tmp_path / "p.json"]) == {"episodes": 2, "violation_rows": []}
