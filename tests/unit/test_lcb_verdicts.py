@@ -2,6 +2,7 @@
 become a verdict, how much stdout is kept, and the summary the policy sees. The runs are real
 RunResults (what a sandbox returns); the verdict tests run real programs in real sandboxes."""
 
+import json
 import os
 import signal
 
@@ -13,7 +14,9 @@ from atlas.graders.lcb import (
     TestOutcome,
     Verdict,
     _keep_bytes,
+    _number_key,
     _outcome,
+    _value_chars,
     compare_functional,
     compare_stdout,
     grade_code,
@@ -84,9 +87,9 @@ def test_a_long_difference_is_clipped_to_240_characters():
 
 
 def test_output_that_cannot_be_judged_is_the_tests_error():
-    unreadable = run(stdout=None)  # not text: the comparison raises AttributeError
+    unreadable = run(stdout=None)  # not text: judging it raises TypeError
     assert _outcome(unreadable, STDIN, 1.0) == TestOutcome(
-        "error", 0.25, "the output could not be judged (AttributeError)"
+        "error", 0.25, "the output could not be judged (TypeError)"
     )
 
 
@@ -387,3 +390,46 @@ def test_a_functional_program_runs_in_a_sandbox_started_ahead():
     v = grade_code(code, tests, func_name="push", cfg=CFG, sandbox=box)
     assert statuses(v) == [("passed", ""), ("passed", "")]
     assert (v.status, v.sandboxed) == ("passed", True)
+
+
+def test_values_compare_as_pythons_equality_sees_them():
+    same = [
+        ('{"b": 2, "a": 1}', '{"a": 1, "b": 2}'),  # key order
+        ("[true, false]", "[1, 0]"),
+        ("[-0.0, 1.0]", "[0, 1]"),
+        ("10000000000000000000000", "1e22"),  # 10**22 == 1e22
+        ("[1.5]", "[1.5000]"),
+        ('["\\u00e9"]', '["é"]'),
+    ]
+    for got, expected in same:
+        assert compare_functional(got, expected) is None, (got, expected)
+    different = [
+        ("[1, 2]", "[2, 1]"),
+        ("10000000000000000000001", "1e22"),
+        ("[1]", "[1.0000000000000002]"),
+        ('"a"', '"b"'),
+        ('{"a": 1}', '{"a": 1, "b": 2}'),
+        ("[[1]]", "[1]"),
+        ('"1"', "1"),
+    ]
+    for got, expected in different:
+        assert compare_functional(got, expected) is not None, (got, expected)
+    # the bound on a value's JSON counts integral numbers as integers: 1e22 may come back as 10**22
+    assert _value_chars(json.dumps([1e22] * 2000)) == 3 * len(json.dumps([10**22] * 2000)) + 4096
+
+
+def test_a_number_has_one_spelling_and_a_nan_none():
+    spellings = {
+        key: _number_key(key)
+        for key in ("1", "1.0", "1e0", "10E-1", "0.50", ".5", "12", "1.2e1", "100", "1E+2")
+    }
+    assert spellings == {
+        "1": "1e0", "1.0": "1e0", "1e0": "1e0", "10E-1": "1e0", "0.50": "5e-1", ".5": "5e-1",
+        "12": "12e0", "1.2e1": "12e0", "100": "1e2", "1E+2": "1e2",
+    }  # fmt: skip
+    assert [_number_key(t) for t in ("0", "-0", "0.000", "-1.5", "Infinity", "-inf", "NaN", "sNaN", "1x")] == [
+        "0", "0", "0", "-15e-1", "inf", "-inf", None, None, None
+    ]  # fmt: skip
+    assert compare_stdout("1e2 -0 .5", "100 0 0.50") is None
+    assert compare_stdout("NaN", "NaN") is None  # equal as text
+    assert compare_stdout("1 NaN", "1.0 NaN") == "expected '1.0 NaN' got '1 NaN'"  # a NaN equals no number

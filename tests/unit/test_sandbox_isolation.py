@@ -107,10 +107,10 @@ def test_a_wrong_answer_never_changes_what_runs_next():
     assert v.tests[2].detail == "not run: an earlier test ended in an error"
 
 
-def test_no_comparison_runs_before_every_test_has_run_and_the_question_is_free(monkeypatch):
+def test_no_comparison_runs_before_every_test_has_run_and_the_sandbox_is_gone(monkeypatch):
     """A comparison stops at the first line that differs, so its time told a program, timing the
     gap before its next test, whether its guess was right. Every comparison now starts once the
-    sandbox is gone and the question's lock released: no program of the question is left to time it."""
+    sandbox is gone, under the question's lock, and takes the same work right or wrong (below)."""
     from atlas.graders import lcb
 
     tests = [Case("stdin", f"{n}\n", f"{n}\n") for n in (1, 2, 3)]
@@ -125,15 +125,65 @@ def test_no_comparison_runs_before_every_test_has_run_and_the_question_is_free(m
 
     monkeypatch.setattr(lcb, "compare_stdout", watched)
     v = grade_code("print(input())", tests, func_name=None, cfg=CFG, question="q-oracle")
-    assert seen == [("1\n", False, ()), ("2\n", False, ()), ("3\n", False, ())]
+    assert seen == [("1\n", True, ()), ("2\n", True, ()), ("3\n", True, ())]
+    assert not os.path.exists(lock_path("q-oracle"))  # let go once the verdict is made
     # an error found by judging stops nothing: the tests had all run by then
     assert [t.status for t in v.tests] == ["error", "passed", "passed"]
     assert v.tests[0].detail == "the output could not be judged (ValueError)"
-    # grade_many: a worker's next program never waits for the comparisons of the one before
-    seen.clear()
-    verdicts = grade_many([("print(input())", tests, None)] * 3, cfg=CFG)
-    assert [len(seen), {alive for _, _, alive in seen}] == [9, {()}]
-    assert [v.passed for v in verdicts] == [2, 3, 3]
+
+
+def test_what_depends_on_the_expected_outputs_is_worked_out_before_the_program_runs(monkeypatch):
+    """Between two tests the grader does no work that depends on an expected output: the bounds
+    are worked out first, stdout is kept to the program's largest bound and decoded when judged."""
+    from atlas.graders import lcb
+
+    events = []
+    keep, chars, run = lcb._keep_bytes, lcb._value_chars, Sandbox.run
+    monkeypatch.setattr(lcb, "_keep_bytes", lambda *a: events.append("bound") or keep(*a))
+    monkeypatch.setattr(lcb, "_value_chars", lambda *a: events.append("bound") or chars(*a))
+    monkeypatch.setattr(
+        Sandbox, "run", lambda *a, **k: events.append(("run", k["keep_bytes"], k["text"])) or run(*a, **k)
+    )
+    short, long = Case("functional", "1", "[1]"), Case("functional", "2", json.dumps(list(range(5000))))
+    code = "class Solution:\n    def f(self, n):\n        return [1] if n == 1 else list(range(5000))\n"
+    v = grade_code(code, [short, long, short], func_name="f", cfg=CFG)
+    biggest = 2 * len(long.output) + 4096
+    assert events[:6] == ["bound"] * 6 and events[6:9] == [("run", biggest, False)] * 3
+    assert v.status == "passed"
+
+
+def test_judging_does_the_same_work_whether_an_output_is_right_or_wrong(monkeypatch):
+    from atlas.graders import lcb
+
+    counts: dict[str, int] = {}
+    for name in ("_line_keys", "_number_key", "_same", "_canonical"):
+        real = getattr(lcb, name)
+        monkeypatch.setattr(
+            lcb, name, lambda *a, _n=name, _f=real: counts.__setitem__(_n, counts.get(_n, 0) + 1) or _f(*a)
+        )
+    digests = []
+    real_digest = lcb.hmac.compare_digest
+    monkeypatch.setattr(lcb.hmac, "compare_digest", lambda a, b: digests.append(1) or real_digest(a, b))
+
+    def work(compare, got, expected):
+        counts.clear()
+        digests.clear()
+        answer = compare(got, expected)
+        return dict(counts), len(digests), answer is None
+
+    expected = "7\n" * 50 + "1 2 3\n"
+    right, wrong_first, wrong_last = "7\n" * 50 + "1 2 3", "8\n" + "7\n" * 49 + "1 2 3", "7\n" * 50 + "1 2 4"
+    results = [work(lcb.compare_stdout, got, expected) for got in (right, wrong_first, wrong_last)]
+    assert [r[2] for r in results] == [True, False, False]
+    assert results[0][:2] == results[1][:2] == results[2][:2]
+    assert results[0][0]["_line_keys"] == 102 and results[0][1] == 2 * 51
+    lcb._value_chars("[1, [2, 3]]")  # as grade_code does before the program runs
+    value_results = [
+        work(lcb.compare_functional, got, "[1, [2, 3]]")
+        for got in ("[1, [2, 3]]", "[9, [2, 3]]", "[1, [2, 4]]")
+    ]
+    assert [r[2] for r in value_results] == [True, False, False]
+    assert value_results[0][:2] == value_results[1][:2] == value_results[2][:2] == ({"_canonical": 1}, 1)
 
 
 def test_a_returned_value_longer_than_any_equal_one_is_never_parsed(monkeypatch):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import hmac
 import json
 import signal
 import time
@@ -78,51 +79,97 @@ def _stripped_lines(text: str) -> list[str]:
     return [line.strip() for line in text.strip().split("\n")]
 
 
-def _decimals(line: str) -> list[Decimal] | None:
+def _number_key(token: str) -> str | None:
+    """One spelling per Decimal value (1, 1.0, 1e0 and 10E-1 alike); None for a token that is not a
+    number or is a NaN, which equals nothing."""
     try:
-        return [Decimal(token) for token in line.split()]
+        number = Decimal(token)
     except InvalidOperation:
         return None
+    if number.is_nan():
+        return None
+    if number.is_infinite():
+        return "-inf" if number.is_signed() else "inf"
+    sign, digits, exponent = number.as_tuple()
+    text = "".join(map(str, digits))
+    kept = text.rstrip("0")
+    if not kept:
+        return "0"  # -0 equals 0
+    return f"{'-' if sign else ''}{kept}e{exponent + len(text) - len(kept)}"
 
 
-def _same_line(got: str, expected: str) -> bool:
-    if got == expected:
-        return True
-    got_numbers, expected_numbers = _decimals(got), _decimals(expected)
-    if got_numbers is None or expected_numbers is None:
-        return False
-    try:
-        return got_numbers == expected_numbers
-    except InvalidOperation:  # a signalling NaN refuses comparison: not equal
-        return False
+def _line_keys(line: str) -> tuple[bytes, bytes | None]:
+    """A line's digest as text, and as its list of numbers (None unless every token is one)."""
+    keys = [_number_key(token) for token in line.split()]
+    numbers = None if None in keys else hashlib.sha256("\0".join(keys).encode()).digest()  # type: ignore[arg-type]
+    return hashlib.sha256(line.encode("utf-8", "surrogatepass")).digest(), numbers
 
 
+def _same(a: bytes | None, b: bytes | None) -> bool:
+    return a is not None and b is not None and hmac.compare_digest(a, b)
+
+
+# Judging takes the same work whether an output is right or wrong: every line of both texts is read
+# as text and as numbers, every pair of lines compared as digests, no comparison stops early, and
+# both excerpts of a message are made before it is known which is needed. How long judging takes
+# then depends on the two texts' sizes, never on whether or where they differ: a program of the
+# question graded next cannot time it into a verdict.
 def compare_stdout(got: str, expected: str) -> str | None:
-    """None when `got` matches `expected` under lcb_runner's stdin rules, else what differs."""
+    """None when `got` matches `expected` under lcb_runner's stdin rules, else what differs: each
+    line, stripped, equal as text or as a list of Decimals."""
     got_lines, expected_lines = _stripped_lines(got), _stripped_lines(expected)
+    got_keys, expected_keys = [_line_keys(g) for g in got_lines], [_line_keys(e) for e in expected_lines]
+    differs = [
+        not (_same(g[0], e[0]) | _same(g[1], e[1])) for g, e in zip(got_keys, expected_keys, strict=False)
+    ]
+    excerpts = _clip(expected.strip(), EXCERPT_CHARS), _clip(got.strip(), EXCERPT_CHARS)
     if len(got_lines) != len(expected_lines):
-        return (
-            f"expected {len(expected_lines)} lines, got {len(got_lines)}: "
-            f"expected {_clip(expected.strip(), EXCERPT_CHARS)!r} got {_clip(got.strip(), EXCERPT_CHARS)!r}"
-        )
-    for n, (g, e) in enumerate(zip(got_lines, expected_lines, strict=True), start=1):
-        if not _same_line(g, e):
-            where = f"line {n}: " if len(expected_lines) > 1 else ""
-            return f"{where}expected {_clip(e, EXCERPT_CHARS)!r} got {_clip(g, EXCERPT_CHARS)!r}"
-    return None
+        return f"expected {len(expected_lines)} lines, got {len(got_lines)}: expected {excerpts[0]!r} got {excerpts[1]!r}"
+    if True not in differs:
+        return None
+    n = differs.index(True)
+    where = f"line {n + 1}: " if len(expected_lines) > 1 else ""
+    return f"{where}expected {_clip(expected_lines[n], EXCERPT_CHARS)!r} got {_clip(got_lines[n], EXCERPT_CHARS)!r}"
+
+
+def _normal(value):
+    """A JSON value as Python's == sees it: bools and integral floats as ints (True == 1 == 1.0,
+    1e22 == 10**22, -0.0 == 0), any other float as itself."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in value.items()}
+    return value
+
+
+def _canonical(text: str) -> str:
+    """One spelling of the JSON `text` per value as Python's == sees it (keys sorted)."""
+    return json.dumps(_normal(json.loads(text)), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=1024)
+def _expected_canonical(expected: str) -> str:
+    return _canonical(expected)
 
 
 def compare_functional(value: str | None, expected: str) -> str | None:
-    """None when the returned value (JSON text, from the driver) equals the JSON `expected`."""
+    """None when the returned value (JSON text, from the driver) equals the JSON `expected` as
+    Python's == sees them, compared as digests of one spelling each (see compare_stdout)."""
     if value is None:
         return "no return value (the program exited before the method returned)"
+    excerpts = _clip(expected.strip(), EXCERPT_CHARS), _clip(value, EXCERPT_CHARS)
     try:
-        same = json.loads(value) == json.loads(expected)
+        got, want = _canonical(value), _expected_canonical(expected)
     except (ValueError, RecursionError, MemoryError) as err:
         return f"the return value could not be compared ({type(err).__name__})"
-    if same:
+    digests = [hashlib.sha256(t.encode("utf-8", "surrogatepass")).digest() for t in (got, want)]
+    if hmac.compare_digest(*digests):
         return None
-    return f"expected {_clip(expected.strip(), EXCERPT_CHARS)!r} got {_clip(value, EXCERPT_CHARS)!r}"
+    return f"expected {excerpts[0]!r} got {excerpts[1]!r}"
 
 
 def _failure_detail(run: RunResult) -> str:
@@ -149,56 +196,60 @@ def _failure_detail(run: RunResult) -> str:
 
 
 def _keep_bytes(test: TestCase, limits: SandboxLimits) -> int:
-    # Room for any correct output, however small max_output_bytes is: a correct answer is never
-    # cut. Applied outside the sandbox, which never learns how long the expected output is.
+    # Room for a correct output written as the expected one is, however small max_output_bytes is
+    # (one spelled much longer, a number with 20 decimals for a digit, is cut: a wrong answer).
+    # Applied outside the sandbox, and worked out before the program runs.
     return max(limits.max_output_bytes, 2 * len(test.output.encode("utf-8")) + 4096)
 
 
 @functools.lru_cache(maxsize=1024)
 def _value_chars(expected: str) -> int:
     """The longest returned value's JSON (as the driver writes it: json.dumps's defaults) that
-    could equal the JSON `expected`: three times expected's own length in that spelling (an equal
-    value may spell 1 as 1.0, true or -0.0), plus 4 KiB. Longer values are not parsed at all, so
-    a value that marshal shares into millions of objects costs the grader nothing."""
+    could equal the JSON `expected`: three times the length of expected's spelling with integral
+    numbers as integers (an equal value may spell 1 as 1.0, true or -0.0, and 1e22 as 10**22's
+    digits), plus 4 KiB. Longer values are not parsed at all, so a value that marshal shares into
+    millions of objects costs the grader nothing."""
     try:
-        return 3 * len(json.dumps(json.loads(expected))) + 4096
-    except (ValueError, RecursionError):
+        return 3 * len(_expected_canonical(expected)) + 4096
+    except (ValueError, RecursionError, MemoryError):
         return 3 * len(expected) + 4096
 
 
-def _kept(run: RunResult, test: TestCase) -> RunResult:
-    """What the grader keeps of a run until its tests are judged: a returned value no longer than
-    one that could be equal, plus a character to show it was longer."""
-    if test.testtype != "functional" or run.value is None:
-        return run
-    limit = _value_chars(test.output)
-    return run if len(run.value) <= limit else dataclasses.replace(run, value=run.value[: limit + 1])
-
-
-def _outcome(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
+def _outcome(
+    run: RunResult, test: TestCase, timeout_s: float, keep: int | None = None, value_too_long: bool = False
+) -> TestOutcome:
     """The judgement of one run; anything the comparison raises is the test's error, never the
-    grader's."""
+    grader's. `keep`: the test's own bound on stdout, for a run that kept more, undecoded;
+    `value_too_long`: the returned value was longer than any equal one, and was dropped unread."""
     try:
-        return _judge(run, test, timeout_s)
+        return _judge(run, test, timeout_s, keep, value_too_long)
     except Exception as err:  # noqa: BLE001 - a program's output must not crash the grader
         return TestOutcome("error", run.wall_s, f"the output could not be judged ({type(err).__name__})")
 
 
-def _judge(run: RunResult, test: TestCase, timeout_s: float) -> TestOutcome:
+def _judge(
+    run: RunResult, test: TestCase, timeout_s: float, keep: int | None, value_too_long: bool
+) -> TestOutcome:
     if run.status == "timeout":
         return TestOutcome("timeout", run.wall_s, f"no exit within {timeout_s:.3g} s")
     if run.status == "error":
         return TestOutcome("error", run.wall_s, _failure_detail(run))
-    if run.stdout_truncated:
-        return TestOutcome("wrong_answer", run.wall_s, f"output longer than {len(run.stdout)} bytes")
+    stdout, truncated, kept = run.stdout, run.stdout_truncated, len(run.stdout)
+    if run.stdout_bytes is not None:  # kept to the program's largest bound, decoded only now
+        kept = len(run.stdout_bytes) if keep is None else keep
+        stdout = run.stdout_bytes[:kept].decode("utf-8", errors="replace")
+        truncated = truncated or len(run.stdout_bytes) > kept
+    if truncated:
+        return TestOutcome("wrong_answer", run.wall_s, f"output longer than {kept} bytes")
     if test.testtype == "functional":
-        if run.value is not None and len(run.value) > (limit := _value_chars(test.output)):
+        if value_too_long:
+            limit = _value_chars(test.output)
             return TestOutcome(
                 "wrong_answer", run.wall_s, f"return value longer than {limit} characters of JSON"
             )
         difference = compare_functional(run.value, test.output)
     else:
-        difference = compare_stdout(run.stdout, test.output)
+        difference = compare_stdout(stdout, test.output)
     if difference is None:
         return TestOutcome("passed", run.wall_s, "")
     return TestOutcome("wrong_answer", run.wall_s, _clip(difference, DETAIL_CHARS))
@@ -242,59 +293,69 @@ def grade_code(
 
     `sandbox`: one started ahead for this program (never loaded), which grade_code loads and
     closes; by default it starts its own. `question`: what the program is an attempt at (by
-    default its tests): no other program of it runs on this host meanwhile (sandbox.QuestionLock)."""
-    return _judged(_run_tests(code, tests, func_name, cfg, sandbox, question), tests, cfg)
-
-
-@dataclass(frozen=True)
-class _Ran:
-    """A program's tests run, not yet judged: each test's run (None: skipped) and the verdict and
-    detail its program gets when the budget or an earlier test decided it."""
-
-    runs: list[tuple[RunResult | None, tuple[str, str] | None]]
-    sandboxed: bool
-    start: float
-
-
-def _run_tests(
-    code: str,
-    tests: Sequence[TestCase],
-    func_name: str | None,
-    cfg: GraderConfig,
-    sandbox: Sandbox | None,
-    question: str | None,
-) -> _Ran:
-    """Every test of the program, run in order under its question's lock, nothing judged."""
+    default its tests): no other program of it runs on this host meanwhile (sandbox.QuestionLock),
+    from before its first test until its verdict is made."""
     try:
         _check_tests(tests, func_name)
-        # Held until every test has run: waiting for it is no part of the program's time budget.
         alone = QuestionLock(question or key_of_tests(tests))
     except BaseException:
         if sandbox is not None:
             sandbox.close()
         raise
+    try:
+        return _judged(_run_tests(code, tests, func_name, cfg, sandbox), tests, cfg)
+    finally:
+        alone.release()
 
+
+@dataclass(frozen=True)
+class _TestRun:
+    """One test of a program, run but not yet judged."""
+
+    run: RunResult | None  # None: not run
+    note: (
+        tuple[str, str] | None
+    )  # (the program's verdict, the detail) when the budget or an earlier test decided it
+    keep: int  # the test's own bound on stdout
+    value_too_long: bool  # the returned value was longer than any equal one, and was dropped unread
+
+
+@dataclass(frozen=True)
+class _Ran:
+    tests: list[_TestRun]
+    sandboxed: bool
+    start: float
+
+
+def _run_tests(
+    code: str, tests: Sequence[TestCase], func_name: str | None, cfg: GraderConfig, sandbox: Sandbox | None
+) -> _Ran:
+    """Every test of the program, run in order, nothing judged; the sandbox is closed on return.
+
+    Judging waits until every test has run and the sandbox is closed, and the bounds that depend on
+    the expected outputs are worked out before the program runs: between two tests the grader does
+    no work that depends on an expected output (stdout is kept to the program's largest bound and
+    decoded later), so no test can time it."""
     start = time.monotonic()
     budget_note = f"the program's {cfg.program_timeout_s:g} s budget ran out"
-    # Every test runs before any is judged, and judging starts once the sandbox is closed and the
-    # question's lock released: how long a comparison takes (it stops at the first line that
-    # differs) is then nothing a program of this question can time, in its sandbox or the next.
-    runs: list[tuple[RunResult | None, tuple[str, str] | None]] = []  # (run, (verdict, detail) set)
-    skip: tuple[str, str] | None = None  # once set: (what a skipped test means, why it is skipped)
     limits = SandboxLimits.from_config(cfg)
     mode = tests[0].testtype
+    keeps = [_keep_bytes(t, limits) for t in tests]
+    values = [_value_chars(t.output) if mode == "functional" else 0 for t in tests]
+    done: list[_TestRun] = []
+    skip: tuple[str, str] | None = None  # once set: (what a skipped test means, why it is skipped)
     box = sandbox
     sandboxed = True
     try:
         if box is not None:
             box.load(code, mode=mode, func_name=func_name)
             sandboxed = box.sandboxed
-        for test in tests:
+        for test, keep, value_chars in zip(tests, keeps, values, strict=True):
             remaining = cfg.program_timeout_s - (time.monotonic() - start)
             if skip is None and remaining <= 0:
                 skip = ("program_timeout", f"not run: {budget_note}")
             if skip is not None:
-                runs.append((None, skip))
+                done.append(_TestRun(None, skip, keep, False))
                 continue
             if box is None or not box.alive:  # a program can end its sandbox: the next test gets a new one
                 if box is not None:
@@ -303,35 +364,38 @@ def _run_tests(
                 sandboxed = sandboxed and box.sandboxed
             remaining = cfg.program_timeout_s - (time.monotonic() - start)
             timeout = max(0.0, min(cfg.test_timeout_s, remaining))
-            run = _kept(box.run(test.input, timeout_s=timeout, keep_bytes=_keep_bytes(test, limits)), test)
+            run = box.run(test.input, timeout_s=timeout, keep_bytes=max(keeps), text=False)
+            too_long = run.value is not None and len(run.value) > value_chars
+            if too_long:
+                run = dataclasses.replace(run, value=None)
+            note = None
             if run.status == "timeout" and timeout < cfg.test_timeout_s:
                 # Cut short by the program's budget, not by its own bound.
-                runs.append((run, ("program_timeout", f"cut short: {budget_note}")))
+                note = ("program_timeout", f"cut short: {budget_note}")
                 skip = ("program_timeout", f"not run: {budget_note}")
-            else:
-                runs.append((run, None))
-                if run.status in STOPS:
-                    skip = ("skipped", f"not run: an earlier test {STOPS[run.status]}")
+            elif run.status in STOPS:
+                skip = ("skipped", f"not run: an earlier test {STOPS[run.status]}")
+            done.append(_TestRun(run, note, keep, too_long))
     finally:
         if box is not None:
             box.close()
-        alone.release()
-    return _Ran(runs, sandboxed, start)
+    return _Ran(done, sandboxed, start)
 
 
 def _judged(ran: _Ran, tests: Sequence[TestCase], cfg: GraderConfig) -> Verdict:
-    """The verdict of a program's runs, judged once its sandbox is closed and its lock released."""
+    """The verdict of a program's runs, judged once its sandbox is closed."""
     outcomes: list[TestOutcome] = []
     verdict_of_test: list[str] = []  # what each test means for the whole program
-    for test, (run, note) in zip(tests, ran.runs, strict=True):
-        if run is None:
-            outcomes.append(TestOutcome("skipped", 0.0, note[1]))
-            verdict_of_test.append(note[0])
+    for test, one in zip(tests, ran.tests, strict=True):
+        if one.run is None:
+            outcomes.append(TestOutcome("skipped", 0.0, one.note[1]))
+            verdict_of_test.append(one.note[0])
             continue
-        outcome = _outcome(run, test, cfg.test_timeout_s)  # the configured bound, not the remainder
-        if note is not None:
-            outcome = dataclasses.replace(outcome, detail=note[1])
-        verdict_of_test.append(VERDICT_OF[outcome.status] if note is None else note[0])
+        # the configured bound, not the remainder
+        outcome = _outcome(one.run, test, cfg.test_timeout_s, one.keep, one.value_too_long)
+        if one.note is not None:
+            outcome = dataclasses.replace(outcome, detail=one.note[1])
+        verdict_of_test.append(VERDICT_OF[outcome.status] if one.note is None else one.note[0])
         outcomes.append(outcome)
 
     passed = sum(o.status == "passed" for o in outcomes)
@@ -357,7 +421,7 @@ def grade_many(
     dies with that thread, and one a worker ends up not needing is closed before grade_many
     returns."""
     jobs = list(jobs)
-    ran: list[_Ran | None] = [None] * len(jobs)
+    verdicts: list[Verdict | None] = [None] * len(jobs)
     claimed = iter(range(len(jobs)))  # next() on a range iterator is atomic under the GIL
     limits = SandboxLimits.from_config(cfg)
 
@@ -369,7 +433,7 @@ def grade_many(
                 if n + cfg.workers < len(jobs):  # a job is left for this worker, very likely
                     ahead = Sandbox(mode="stdin", limits=limits)
                 code, tests, name = jobs[n]
-                ran[n] = _run_tests(code, tests, name, cfg, box, None)
+                verdicts[n] = grade_code(code, tests, func_name=name, cfg=cfg, sandbox=box)
         finally:
             if ahead is not None:
                 ahead.close()
@@ -377,9 +441,7 @@ def grade_many(
     with ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="lcb-grader") as pool:
         for future in [pool.submit(worker) for _ in range(min(cfg.workers, len(jobs)))]:
             future.result()
-    # Judged once every program has run: a worker's next program never waits for the last one's
-    # comparisons, which would time them for it.
-    return [_judged(r, tests, cfg) for r, (_, tests, _) in zip(ran, jobs, strict=True)]
+    return verdicts
 
 
 LABELS = {"wrong_answer": "wrong answer", "timeout": "timeout", "error": "error", "skipped": "skipped"}

@@ -189,6 +189,7 @@ class RunResult:
     wall_s: float
     sandboxed: bool  # True when the run was inside bubblewrap
     value: str | None = None  # functional runs: JSON text of the value the method returned
+    stdout_bytes: bytes | None = None  # the kept stdout undecoded, when the run was asked not to decode
 
 
 # --- what the sandbox sees -----------------------------------------------------------------------
@@ -687,11 +688,12 @@ class Sandbox:
     def alive(self) -> bool:
         return self.proc.poll() is None and not self.frames.closed
 
-    def run(self, stdin: str = "", *, timeout_s: float, keep_bytes: int) -> RunResult:
+    def run(self, stdin: str = "", *, timeout_s: float, keep_bytes: int, text: bool = True) -> RunResult:
         """One run of the program on `stdin` (a functional test: its JSON argument lines).
 
         Keeps `keep_bytes` of stdout (the grader knows how much a comparison needs; the sandbox
-        never does). A sandbox that fails to answer in time is killed: see `alive`."""
+        never does), decoded, or as bytes in `stdout_bytes` (`text=False`: a grader that decodes
+        later). A sandbox that fails to answer in time is killed: see `alive`."""
         start = time.monotonic()
         deadline = start + timeout_s + HOST_GRACE_S
         out = _Capped(keep_bytes)
@@ -714,12 +716,13 @@ class Sandbox:
             return RunResult(
                 "timeout" if timed_out else "error",
                 None,
-                out.text(),
+                out.text() if text else "",
                 why,
                 out.truncated,
                 False,
                 wall_s,
                 self.sandboxed,
+                stdout_bytes=None if text else bytes(out.kept),
             )
         if done.get("spent"):  # its scratch could not be emptied: the next test gets a new sandbox
             self.close()
@@ -728,13 +731,14 @@ class Sandbox:
         return RunResult(
             status=done["status"],
             returncode=done["returncode"],
-            stdout=out.text(),
+            stdout=out.text() if text else "",
             stderr=err[:cap].decode("utf-8", errors="replace"),
             stdout_truncated=out.truncated or done["stdout_truncated"],
             stderr_truncated=done["stderr_truncated"] or len(err) > cap,
             wall_s=wall_s,
             sandboxed=self.sandboxed,
             value=done["value"],
+            stdout_bytes=None if text else bytes(out.kept),
         )
 
     def _init_pid(self) -> int | None:
