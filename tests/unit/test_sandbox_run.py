@@ -254,6 +254,7 @@ def test_a_request_the_driver_does_not_read_gives_up_at_its_deadline():
 
 
 def test_a_driver_that_cannot_start_is_named_by_what_it_said(monkeypatch):
+    assert sandbox.isolation_available()  # probed (once per process) before the interpreter is broken
     monkeypatch.setattr(sandbox, "PYTHON_FLAGS", [*sandbox.PYTHON_FLAGS, "--no-such-option"])
     with pytest.raises(SandboxUnavailable) as err:
         Sandbox("print(1)", mode="stdin", limits=LIMITS)
