@@ -150,6 +150,20 @@ def test_what_depends_on_the_expected_outputs_is_worked_out_before_the_program_r
     biggest = 2 * len(long.output) + 4096
     assert events[:6] == ["bound"] * 6 and events[6:9] == [("run", biggest, False)] * 3
     assert v.status == "passed"
+    # stdin: each expected output's lines are read (split, digested, their numbers parsed) first too
+    lines = lcb._expected_lines
+    monkeypatch.setattr(lcb, "_expected_lines", lambda text: events.append("lines") or lines(text))
+    events.clear()
+    stdin = [Case("stdin", f"{n}\n", f"{n}\n") for n in (1, 2)]
+    assert grade_code("print(input())", stdin, func_name=None, cfg=CFG).status == "passed"
+    assert [e if isinstance(e, str) else e[0] for e in events][:6] == [
+        "bound",
+        "bound",
+        "lines",
+        "lines",
+        "run",
+        "run",
+    ]
 
 
 def test_judging_does_the_same_work_whether_an_output_is_right_or_wrong(monkeypatch):
@@ -173,10 +187,11 @@ def test_judging_does_the_same_work_whether_an_output_is_right_or_wrong(monkeypa
 
     expected = "7\n" * 50 + "1 2 3\n"
     right, wrong_first, wrong_last = "7\n" * 50 + "1 2 3", "8\n" + "7\n" * 49 + "1 2 3", "7\n" * 50 + "1 2 4"
+    lcb._expected_lines(expected)  # as grade_code does before the program runs: the expected is read
     results = [work(lcb.compare_stdout, got, expected) for got in (right, wrong_first, wrong_last)]
     assert [r[2] for r in results] == [True, False, False]
     assert results[0][:2] == results[1][:2] == results[2][:2]
-    assert results[0][0]["_line_keys"] == 102 and results[0][1] == 2 * 51
+    assert results[0][0]["_line_keys"] == 51 and results[0][1] == 2 * 51  # the program's lines alone
     lcb._value_chars("[1, [2, 3]]")  # as grade_code does before the program runs
     value_results = [
         work(lcb.compare_functional, got, "[1, [2, 3]]")

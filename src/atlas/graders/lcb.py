@@ -106,7 +106,16 @@ def _line_keys(line: str) -> tuple[bytes, bytes | None]:
 
 
 def _same(a: bytes | None, b: bytes | None) -> bool:
-    return a is not None and b is not None and hmac.compare_digest(a, b)
+    equal = hmac.compare_digest(a or b"\0", b or b"\1")  # compared even when one side is no number
+    return equal and a is not None and b is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _expected_lines(expected: str) -> tuple[list[str], list[tuple[bytes, bytes | None]]]:
+    """An expected output's stripped lines and their keys: read once per test set (before its
+    programs run), so judging a program costs what its own output costs, plus the line counts."""
+    lines = _stripped_lines(expected)
+    return lines, [_line_keys(e) for e in lines]
 
 
 # Judging takes the same work whether an output is right or wrong: every line of both texts is read
@@ -117,17 +126,18 @@ def _same(a: bytes | None, b: bytes | None) -> bool:
 def compare_stdout(got: str, expected: str) -> str | None:
     """None when `got` matches `expected` under lcb_runner's stdin rules, else what differs: each
     line, stripped, equal as text or as a list of Decimals."""
-    got_lines, expected_lines = _stripped_lines(got), _stripped_lines(expected)
-    got_keys, expected_keys = [_line_keys(g) for g in got_lines], [_line_keys(e) for e in expected_lines]
+    got_lines, (expected_lines, expected_keys) = _stripped_lines(got), _expected_lines(expected)
+    got_keys = [_line_keys(g) for g in got_lines]
     differs = [
         not (_same(g[0], e[0]) | _same(g[1], e[1])) for g, e in zip(got_keys, expected_keys, strict=False)
     ]
     excerpts = _clip(expected.strip(), EXCERPT_CHARS), _clip(got.strip(), EXCERPT_CHARS)
     if len(got_lines) != len(expected_lines):
         return f"expected {len(expected_lines)} lines, got {len(got_lines)}: expected {excerpts[0]!r} got {excerpts[1]!r}"
-    if True not in differs:
+    wrong = [n for n, d in enumerate(differs) if d]  # every line looked at, wrong or not
+    if not wrong:
         return None
-    n = differs.index(True)
+    n = wrong[0]
     where = f"line {n + 1}: " if len(expected_lines) > 1 else ""
     return f"{where}expected {_clip(expected_lines[n], EXCERPT_CHARS)!r} got {_clip(got_lines[n], EXCERPT_CHARS)!r}"
 
@@ -342,6 +352,9 @@ def _run_tests(
     mode = tests[0].testtype
     keeps = [_keep_bytes(t, limits) for t in tests]
     values = [_value_chars(t.output) if mode == "functional" else 0 for t in tests]
+    if mode == "stdin":
+        for t in tests:
+            _expected_lines(t.output)  # read now, not while judging: see _expected_lines
     done: list[_TestRun] = []
     skip: tuple[str, str] | None = None  # once set: (what a skipped test means, why it is skipped)
     box = sandbox
