@@ -2,6 +2,7 @@
 become a verdict, how much stdout is kept, and the summary the policy sees. The runs are real
 RunResults (what a sandbox returns); the verdict tests run real programs in real sandboxes."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -84,6 +85,26 @@ def test_a_long_difference_is_clipped_to_240_characters():
     assert len(full) == 250
     outcome = _outcome(run(stdout=got), Case("stdin", "", "1"), 1.0)
     assert outcome == TestOutcome("wrong_answer", 0.25, full[:237] + "...")
+
+
+def test_stdout_kept_undecoded_is_judged_against_the_tests_own_bound():
+    raw = lambda data: dataclasses.replace(run(), stdout_bytes=data)  # noqa: E731 - kept, not decoded
+    assert _outcome(raw(b"1\n2\n"), STDIN, 1.0, keep=4) == TestOutcome("passed", 0.25, "")
+    assert _outcome(raw(b"1\n2\n"), STDIN, 1.0) == TestOutcome("passed", 0.25, "")  # no bound: all of it
+    assert _outcome(raw(b"1\n2\n"), STDIN, 1.0, keep=3) == TestOutcome(
+        "wrong_answer", 0.25, "output longer than 3 bytes"
+    )
+    # bytes that are not UTF-8 are judged as the replacement character, never raise
+    assert _outcome(raw(b"1\n\xff\n"), STDIN, 1.0, keep=8) == TestOutcome(
+        "wrong_answer", 0.25, "line 2: expected '2' got '\ufffd'"
+    )
+
+
+def test_a_value_longer_than_any_equal_one_is_a_wrong_answer_unread():
+    dropped = run(value=None)  # the grader dropped it, unread
+    assert _outcome(dropped, FUNCTIONAL, 1.0, value_too_long=True) == TestOutcome(
+        "wrong_answer", 0.25, f"return value longer than {3 * len('[1, 2]') + 4096} characters of JSON"
+    )
 
 
 def test_output_that_cannot_be_judged_is_the_tests_error():
