@@ -259,3 +259,26 @@ def test_a_driver_that_cannot_start_is_named_by_what_it_said(monkeypatch):
     with pytest.raises(SandboxUnavailable) as err:
         Sandbox("print(1)", mode="stdin", limits=LIMITS)
     assert str(err.value).startswith("the sandbox did not start: unknown option --no-such-option")
+
+
+def test_a_run_asked_not_to_decode_keeps_its_stdout_as_bytes():
+    code = "import sys\nsys.stdout.buffer.write(b'ok \\xff' * 3)\nsys.stdout.flush()"
+    with Sandbox(code, mode="stdin", limits=LIMITS) as box:
+        result = box.run("", timeout_s=2.0, keep_bytes=8, text=False)
+    assert (result.stdout, result.stdout_bytes, result.stdout_truncated) == ("", b"ok \xffok \xff", True)
+    with Sandbox(code, mode="stdin", limits=LIMITS) as box:
+        result = box.run("", timeout_s=2.0, keep_bytes=100)
+    assert (result.stdout, result.stdout_bytes) == ("ok \ufffd" * 3, None)
+    # and when the driver dies before the run ends
+    slow = "import sys, time\nsys.stdout.buffer.write(b'up\\xff')\nsys.stdout.flush()\ntime.sleep(5)"
+    for text, kept in ((False, ("", b"up\xff")), (True, ("up\ufffd", None))):
+        with Sandbox(slow, mode="stdin", limits=LIMITS) as box:
+            killer = threading.Timer(0.5, lambda box=box: os.kill(box._init_pid(), signal.SIGKILL))
+            killer.start()
+            result = box.run("", timeout_s=4.0, keep_bytes=100, text=text)
+            killer.join()
+        assert (result.status, result.stderr, (result.stdout, result.stdout_bytes)) == (
+            "error",
+            SANDBOX_ENDED,
+            kept,
+        )
