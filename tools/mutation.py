@@ -305,7 +305,8 @@ def mutated_function(name: str) -> str:
 
 def only_patterns(label: str) -> list[str]:
     """mutmut's name patterns for the functions ONLY_FUNCTIONS scores: mutants of the others are
-    generated but never run (their tests may reach code whose mutants must not run here)."""
+    generated and skipped (their tests may reach code whose mutants would signal processes that are
+    not the sandbox's)."""
     patterns = []
     for function in sorted(ONLY_FUNCTIONS.get(label, ())):
         cls, _, name = function.rpartition(".")
