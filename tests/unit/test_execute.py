@@ -122,7 +122,7 @@ def test_every_program_runs_under_its_questions_lock(question, tool):
             target=lambda: (execute_call(tool, None, offered, question, TESTS, GRADERS, 400), done.set())
         )
         worker.start()
-        assert not done.wait(1.0)  # a program alone takes about 0.1 s
+        assert not done.wait(0.5)  # a program alone takes about 0.1 s
     finally:
         held.release()
     worker.join(30)

@@ -203,8 +203,9 @@ def test_judging_does_the_same_work_whether_an_output_is_right_or_wrong(monkeypa
 
 def test_a_returned_value_longer_than_any_equal_one_is_never_parsed(monkeypatch):
     """marshal shares objects: [{}] * 4_150_000 crosses the pipe in a few bytes of payload and
-    16 Mi characters of JSON, and parsing it cost the grader about 350 MiB a test. A value's JSON
-    longer than three times the expected value's, plus 4 KiB, cannot equal it and is not parsed."""
+    16 Mi characters of JSON, and parsing it cost the grader about 350 MiB a test (here a quarter of
+    that). A value's JSON longer than three times the expected value's, plus 4 KiB, cannot equal
+    it and is not parsed."""
     from atlas.graders import lcb
 
     compared = []
@@ -214,8 +215,8 @@ def test_a_returned_value_longer_than_any_equal_one_is_never_parsed(monkeypatch)
         "compare_functional",
         lambda value, expected: compared.append(len(value)) or compare(value, expected),
     )
-    code = "class Solution:\n    def f(self, n):\n        d = {}\n        return [d] * 4_150_000\n"
-    slow = CFG.model_copy(update={"test_timeout_s": 20.0})  # the driver sizes and writes 16 Mi characters
+    code = "class Solution:\n    def f(self, n):\n        d = {}\n        return [d] * 1_100_000\n"
+    slow = CFG.model_copy(update={"test_timeout_s": 20.0})  # the driver sizes and writes 4.4 Mi characters
     v = grade_code(code, [Case("functional", "1", "[]")], func_name="f", cfg=slow)
     assert [(t.status, t.detail) for t in v.tests] == [
         ("wrong_answer", "return value longer than 4102 characters of JSON")

@@ -223,7 +223,7 @@ def test_a_program_that_names_its_question_waits_for_that_questions_lock(start):
     try:
         worker = threading.Thread(target=go)
         worker.start()
-        assert not done.wait(1.0)  # a program alone takes about 0.1 s
+        assert not done.wait(0.5)  # a program alone takes about 0.1 s
     finally:
         held.release()
     worker.join(30)
