@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -156,6 +157,23 @@ def survivors(pids: list[int], seconds: float) -> list[int]:
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     return left
+
+
+def waits_for_question(question: str, call) -> None:
+    """Assert that `call()` waits while another program of `question` holds its lock, and ends once
+    the lock is let go (a program alone takes about 0.1 s)."""
+    from atlas.graders.sandbox import QuestionLock
+
+    done = threading.Event()
+    held = QuestionLock(question)
+    try:
+        worker = threading.Thread(target=lambda: (call(), done.set()))
+        worker.start()
+        assert not done.wait(0.5)
+    finally:
+        held.release()
+    worker.join(30)
+    assert done.is_set()
 
 
 def flip_byte(path: Path, offset: int) -> None:

@@ -3,15 +3,13 @@ the score it gives, with every program run in the real sandbox. Expected results
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from atlas.config.graders import GraderConfig
 from atlas.data.schema import TestCase
-from atlas.graders.sandbox import QuestionLock
 from atlas.runtime.execute import ToolResult, execute_call, refused
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
+from conftest import waits_for_question
 
 CODE = CodeBounds(4000, 400)
 GRADERS = GraderConfig(test_timeout_s=1.0, program_timeout_s=4.0)
@@ -115,15 +113,6 @@ def test_a_functional_question_is_graded_by_its_method():
 def test_every_program_runs_under_its_questions_lock(question, tool):
     """While another program of the same question holds its lock, the call waits for it."""
     offered = gpqa_tools(CODE) if question is GPQA else lcb_tools(CODE)
-    done = threading.Event()
-    held = QuestionLock(question["question_uid"])
-    try:
-        worker = threading.Thread(
-            target=lambda: (execute_call(tool, None, offered, question, TESTS, GRADERS, 400), done.set())
-        )
-        worker.start()
-        assert not done.wait(0.5)  # a program alone takes about 0.1 s
-    finally:
-        held.release()
-    worker.join(30)
-    assert done.is_set()
+    waits_for_question(
+        question["question_uid"], lambda: execute_call(tool, None, offered, question, TESTS, GRADERS, 400)
+    )

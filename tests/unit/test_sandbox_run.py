@@ -16,7 +16,6 @@ from atlas.graders import sandbox
 from atlas.graders.sandbox import (
     HOST_GRACE_S,
     SANDBOX_ENDED,
-    QuestionLock,
     RunResult,
     Sandbox,
     SandboxLimits,
@@ -24,6 +23,7 @@ from atlas.graders.sandbox import (
     require_sandbox,
     run_program,
 )
+from conftest import waits_for_question
 
 LIMITS = SandboxLimits(
     timeout_s=2.0, memory_mb=512, cpu_s=5, file_size_mb=8, open_files=64, max_output_bytes=64
@@ -209,25 +209,14 @@ def test_an_lcb_program_runs_after_the_prefix_it_needs_as_solution_py_and_a_scri
 
 @pytest.mark.parametrize("start", ["sandbox", "run_program"])
 def test_a_program_that_names_its_question_waits_for_that_questions_lock(start):
-    done = threading.Event()
-
     def go():
         if start == "sandbox":
             with Sandbox("print(1)", mode="stdin", limits=LIMITS, question="q-sandbox-run") as box:
                 box.run("", timeout_s=2.0, keep_bytes=10)
         else:
             run_program("print(1)", limits=LIMITS, question="q-sandbox-run")
-        done.set()
 
-    held = QuestionLock("q-sandbox-run")
-    try:
-        worker = threading.Thread(target=go)
-        worker.start()
-        assert not done.wait(0.5)  # a program alone takes about 0.1 s
-    finally:
-        held.release()
-    worker.join(30)
-    assert done.is_set()
+    waits_for_question("q-sandbox-run", go)
 
 
 def test_a_driver_killed_while_its_test_runs_ends_the_run_at_once_as_an_error():
