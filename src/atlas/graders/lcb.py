@@ -13,9 +13,9 @@ verdict is that of the first test that did not pass. Unlike lcb_runner, a wrong 
 stop the tests: what runs inside the sandbox never depends on a comparison with an expected
 output, in what runs or when (every test runs before any is judged, and judging starts once the
 sandbox is closed), so a program cannot learn which of its outputs passed, and each test starts
-with an empty scratch folder. Only a timeout or an error, which the program itself decides, ends its tests. One sandbox per
-program: its driver starts once and runs each test in a child (sandbox.py, driver.py); test inputs
-go in one at a time and expected outputs never do. Bounds: `test_timeout_s` per test, and
+with an empty scratch folder. Only a timeout or an error, which the program itself decides, ends
+its tests. One sandbox per program: its driver starts once and runs each test in a child
+(sandbox.py, driver.py); test inputs go in one at a time and expected outputs never do. Bounds: `test_timeout_s` per test, and
 `program_timeout_s` for all tests of the program together; a test the shrinking budget cuts short
 counts as a program timeout, and tests it leaves no time for are skipped.
 
@@ -323,9 +323,8 @@ class _TestRun:
     """One test of a program, run but not yet judged."""
 
     run: RunResult | None  # None: not run
-    note: (
-        tuple[str, str] | None
-    )  # (the program's verdict, the detail) when the budget or an earlier test decided it
+    # (the program's verdict, the detail) when the budget or an earlier test decided it
+    note: tuple[str, str] | None
     keep: int  # the test's own bound on stdout
     value_too_long: bool  # the returned value was longer than any equal one, and was dropped unread
 
@@ -351,6 +350,7 @@ def _run_tests(
     limits = SandboxLimits.from_config(cfg)
     mode = tests[0].testtype
     keeps = [_keep_bytes(t, limits) for t in tests]
+    kept = max(keeps)  # what a run keeps of stdout: each test is judged against its own bound
     values = [_value_chars(t.output) if mode == "functional" else 0 for t in tests]
     if mode == "stdin":
         for t in tests:
@@ -377,7 +377,7 @@ def _run_tests(
                 sandboxed = sandboxed and box.sandboxed
             remaining = cfg.program_timeout_s - (time.monotonic() - start)
             timeout = max(0.0, min(cfg.test_timeout_s, remaining))
-            run = box.run(test.input, timeout_s=timeout, keep_bytes=max(keeps), text=False)
+            run = box.run(test.input, timeout_s=timeout, keep_bytes=kept, text=False)
             too_long = run.value is not None and len(run.value) > value_chars
             if too_long:
                 run = dataclasses.replace(run, value=None)
