@@ -33,7 +33,9 @@ def _scalars(tensor):
 interpreter._patch_lang_tensor = _scalars
 """
 
-CHECK = INTERPRETER + r"""
+CHECK = (
+    INTERPRETER
+    + r"""
 from atlas.runtime.decode_attention import decode_attention
 
 spec = json.loads(sys.argv[1])
@@ -59,6 +61,7 @@ ref = torch.cat([
 print(json.dumps({"shape": list(out.shape), "dtype": str(out.dtype), "gap": (out.double() - ref).abs().max().item(),
                   "finite": bool(torch.isfinite(out).all())}))
 """
+)
 
 # used keys: one, inside a 64-key block, at its end, one past it, and long; rows out of order in the pool
 ROWS = [[1, 0], [63, 2000], [64, 100], [65, 300], [700, 1100], [5, 1900]]
@@ -109,7 +112,9 @@ def test_a_step_with_few_rows_splits_the_keys_until_the_gpu_is_full():
     assert splits(5, 2, cpu) == 4  # 32 programs wanted over 10: four splits, the power of two above 3.2
 
 
-PREFILL_CHECK = INTERPRETER + r"""
+PREFILL_CHECK = (
+    INTERPRETER
+    + r"""
 import numpy as np
 from atlas.runtime.prefill_attention import prefill_attention, tiles, tiles_for
 
@@ -142,6 +147,7 @@ got = out[: sum(new)]
 print(json.dumps({"shape": list(out.shape), "dtype": str(out.dtype), "gap": (got.double() - ref).abs().max().item(),
                   "finite": bool(torch.isfinite(got).all()), "tiles": int((tile_list[:, 0] >= 0).sum())}))
 """
+)
 
 # new tokens, used keys (kept before them, then theirs), segment start: one token alone; one tile
 # exactly; a tile and one token after kept keys; three tiles after long kept keys; a short prompt
@@ -160,7 +166,9 @@ PROMPTS = [[1, 1, 900], [64, 64, 0], [65, 100, 2000], [130, 700, 1100], [5, 5, 6
 def test_tiled_prefill_attention_equals_causal_attention_over_each_prompts_keys(dtype, heads, bound):
     """Each prompt's new tokens attend its kept keys and, causally, its own; tiles past the list's
     prompts and tokens past the last prompt (a bucket's padding) change nothing."""
-    got = run_check(dict(seed=len(heads), dtype=dtype, heads=heads, prompts=PROMPTS, padding=37), PREFILL_CHECK)
+    got = run_check(
+        dict(seed=len(heads), dtype=dtype, heads=heads, prompts=PROMPTS, padding=37), PREFILL_CHECK
+    )
     assert got["shape"] == [sum(p[0] for p in PROMPTS) + 37, heads[0], heads[2]]
     assert got["dtype"] == f"torch.{dtype}" and got["finite"]
     assert got["tiles"] == 1 + 1 + 2 + 3 + 1

@@ -43,7 +43,9 @@ def tiles(new: np.ndarray, size: int) -> np.ndarray:
     tile, then (-1, 0) up to `size`."""
     blocks = -(-np.asarray(new, dtype=np.int64) // BLOCK_M)
     if blocks.sum() > size:
-        raise ValueError(f"{int(blocks.sum())} tiles for prompts of {list(new)} tokens, past the list's {size}")
+        raise ValueError(
+            f"{int(blocks.sum())} tiles for prompts of {list(new)} tokens, past the list's {size}"
+        )
     out = np.full((size, 2), -1, dtype=np.int32)
     out[:, 1] = 0
     prompt = np.repeat(np.arange(len(blocks)), blocks)
@@ -142,7 +144,13 @@ def prefill_attention(
     in q's dtype; a token no prompt holds (a bucket's padding) is left unwritten."""
     tokens, hq, dim = q.shape
     hk = keys.shape[1]
-    if hq % hk or dim & (dim - 1) or keys.stride(2) != 1 or q.stride(2) != 1 or values.stride() != keys.stride():
+    if (
+        hq % hk
+        or dim & (dim - 1)
+        or keys.stride(2) != 1
+        or q.stride(2) != 1
+        or values.stride() != keys.stride()
+    ):
         raise ValueError(
             f"prefill attention needs query heads in whole groups per KV head, a power-of-two head "
             f"size and contiguous heads (q {tuple(q.shape)}, keys {tuple(keys.shape)})"
