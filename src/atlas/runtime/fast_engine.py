@@ -756,7 +756,9 @@ class StaticEngine:
                 if size >= min(bucket(rows, self.min_batch), self.max_rows):
                     break
                 size *= 2
-            for size in self.prefill_sizes if self.padded_prefill else ():
+            # largest first: a smaller bucket's capture reuses the memory the larger one's
+            # temporaries took in the shared graph pool (smallest first, each would need more)
+            for size in reversed(self.prefill_sizes) if self.padded_prefill else ():
                 pb = self._prefill_bucket(size)
                 if pb.graph is None:
                     self._empty_prefill(pb)
