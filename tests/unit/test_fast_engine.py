@@ -610,14 +610,14 @@ def test_prefill_buckets_are_powers_of_two_and_halfway_up_to_the_budget(runtime)
     # prompts a bucket holds: an eighth of its tokens, at least 32, at most the engine's rows
     assert [prefill_prompts(t, 512) for t in (256, 384, 3072, 4096, 32768)] == [32, 48, 384, 512, 512]
     assert prefill_prompts(32768, 256) == 256
-    fast = eager_static_engine(runtime, padded_prefill=True)  # max_rows 512, budget 32768
+    fast = eager_static_engine(runtime, padded_prefill=True)  # max_rows 512, budget 16384
     assert fast._prefill_size(100, 3) == 256
     assert fast._prefill_size(256, 32) == 256
     assert fast._prefill_size(257, 1) == 384
     assert fast._prefill_size(100, 40) == 384  # more prompts than 256 tokens' bucket holds
     assert fast._prefill_size(100, 200) == 2048
-    assert fast._prefill_size(32768, 512) == 32768
-    assert fast._prefill_size(32769, 1) is None  # a prompt past the budget runs unpadded
+    assert fast._prefill_size(16384, 512) == 16384 == fast.prefill_sizes[-1]
+    assert fast._prefill_size(16385, 1) is None  # a prompt past the budget runs unpadded
     assert eager_static_engine(runtime)._prefill_size(100, 3) is None  # padding off (eager default)
 
 

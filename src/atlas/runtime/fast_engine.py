@@ -94,7 +94,7 @@ def usable_memory(device: torch.device) -> int:
     return min(total, int(claim * 2**30)) if claim > 0 else total
 
 
-PREFILL_BUDGET = 32768  # prompt tokens in one prefill forward at most (a longer prompt goes alone)
+PREFILL_BUDGET = 16384  # prompt tokens in one prefill forward at most (a longer prompt goes alone)
 PREFILL_MIN = 256  # tokens of the smallest prefill bucket
 MAX_ROWS = 512  # rows generating at once, at most; more requests wait for a row to end
 # Requests that arrive while rows generate join them at the next step when they are at least
