@@ -36,8 +36,6 @@ episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the sc
 
 `--decode-attention flash` runs the engines' decode steps through FlashAttention-2 instead of
 the split kernel (atlas.runtime.decode_attention; scripts/bench_attention.py times the two alone).
-`--prefill unpadded` runs each admission's prefill as one eager forward of its packed prompts
-instead of a captured forward of its token bucket.
 
 Prints one table per mode and writes everything as JSON to `--out`.
 """
@@ -149,15 +147,12 @@ class Policy:
 
 
 def with_attention(rt, args):
-    """The runtime with its engine's decode attention set by --decode-attention and its prefill by
-    --prefill (before any call: a captured graph bakes in its kernels and shapes)."""
-    if args.decode_attention is not None or args.prefill is not None:
-        if getattr(rt.engine, "captures", 0):
-            raise RuntimeError("--decode-attention, --prefill: the engine has captured graphs already")
+    """The runtime with its engine's decode attention set by --decode-attention (before any call:
+    a captured step bakes in its kernel)."""
     if args.decode_attention is not None:
+        if getattr(rt.engine, "captures", 0):
+            raise RuntimeError("--decode-attention: the engine has captured steps already")
         rt.engine.decode_attention = args.decode_attention
-    if args.prefill is not None:
-        rt.engine.padded_prefill = args.prefill == "padded"
     return rt
 
 
@@ -397,12 +392,6 @@ def main() -> None:
         choices=("split", "flash"),
         help="the engine's decode-step attention (default: the engine's, split on a GPU)",
     )
-    p.add_argument(
-        "--prefill",
-        choices=("padded", "unpadded"),
-        help="admissions' prefill: padded to a token bucket and captured (the engine's default on a GPU) "
-        "or one eager forward of the packed prompts",
-    )
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", type=Path, help="profile the last arm's last generation call into this file")
     p.add_argument(
@@ -438,7 +427,6 @@ def main() -> None:
         vocab=len(tokenizer),
         lora_rank=cfg.training.lora_rank,
         decode_attention=args.decode_attention or "the engine's default",
-        prefill=args.prefill or "the engine's default",
         gpu_memory_gb=claim,
     )
     policy = functools.cache(lambda: Policy(base, tokenizer, cfg, device))  # built once, if an arm needs it

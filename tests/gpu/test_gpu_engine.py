@@ -160,14 +160,8 @@ def test_captured_engine_matches_its_eager_self_and_hf_and_a_new_turn_captures_n
     fast = rt.engine
     assert isinstance(fast, StaticEngine) and fast.graphs and fast.flash
     banned = rt.grammars.banned_token_ids
-    eager = StaticEngine(  # the same kernels, prefills padded to the same buckets, uncaptured
-        model,
-        fast.vocab_size,
-        fast.stop_token_ids,
-        banned_token_ids=banned,
-        graphs=False,
-        compile=False,
-        padded_prefill=True,
+    eager = StaticEngine(
+        model, fast.vocab_size, fast.stop_token_ids, banned_token_ids=banned, graphs=False, compile=False
     )
     hf = HFEngine(
         model, fast.vocab_size, fast.stop_token_ids, tokenizer.pad_token_id, banned_token_ids=banned
@@ -178,19 +172,12 @@ def test_captured_engine_matches_its_eager_self_and_hf_and_a_new_turn_captures_n
     assert sum(x.token_ids == y.token_ids for x, y in zip(a, e, strict=True)) >= 11
     # Against HFEngine in bf16 (other kernels): log-probs agree on the common prefix.
     assert_close_in_bf16(h, a)
-
-    def steps() -> int:
-        return sum(len(rb.graphs) for rb in fast._buckets.values())
-
-    captured, pool, captured_steps = fast.captures, fast.pool, steps()
-    # the pick and the step of 16 rows and of 8, and the admission's prefill bucket
-    assert fast.last_timing["graphs"] == captured == captured_steps + 1 and captured_steps >= 4
-    assert [pb.graph is not None for pb in fast._prefills.values()] == [True]
+    captured, pool = fast.captures, fast.pool
+    assert fast.last_timing["graphs"] == captured >= 4  # the pick and the step of 16 rows and of 8
     again = fast.generate(requests)
     assert [g.token_ids for g in again] == [g.token_ids for g in a]
-    assert fast.captures == captured
-    # A next turn: fewer rows, each prompt its first turn's trajectory and more. No step is
-    # captured again and nothing is compiled; only a prefill bucket not used before is captured.
+    # A next turn: fewer rows, each prompt its first turn's trajectory and more. Nothing is
+    # compiled or captured again.
     from torch._dynamo.utils import counters
 
     compiled = counters["stats"]["unique_graphs"]
@@ -201,8 +188,7 @@ def test_captured_engine_matches_its_eager_self_and_hf_and_a_new_turn_captures_n
         for r, g in list(zip(requests, a, strict=True))[:5]
     ]
     fast.generate(turn)
-    assert fast.pool is pool and steps() == captured_steps
-    assert fast.last_timing["graphs"] == fast.captures - captured == len(fast._prefills) - 1
+    assert fast.pool is pool and fast.captures == captured and fast.last_timing["graphs"] == 0
     assert counters["stats"]["unique_graphs"] == compiled
     # A call past the pool grows it: the graphs are captured again, into a new memory pool, and the
     # tokens are still the eager engine's.

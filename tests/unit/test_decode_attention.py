@@ -1,6 +1,5 @@
-"""The pool's Triton attention without a GPU: the split decode attention
-(atlas.runtime.decode_attention) and the tiled prefill attention (atlas.runtime.prefill_attention)
-run in Triton's interpreter on the CPU, against SDPA row by row. The interpreter needs Triton, which
+"""The split decode attention (atlas.runtime.decode_attention) without a GPU: its Triton kernels run
+in Triton's interpreter on the CPU, against SDPA row by row. The interpreter needs Triton, which
 the CPU install leaves out (scripts/cpu-overrides.txt): ATLAS_TRITON names a folder that holds it
 (`uv pip install --target .triton triton==3.5.0`, as .ci/run does), put on the path of a
 subprocess only. The interpreter has no bfloat16: float32 and float16 here, bf16 on a GPU
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-INTERPRETER = r"""
+CHECK = r"""
 import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 import torch
@@ -29,13 +28,8 @@ _patch = interpreter._patch_lang_tensor
 def _scalars(tensor):
     _patch(tensor)
     tensor.__index__ = lambda self: int(self.handle.data.reshape(-1)[0])
-    tensor.__bool__ = lambda self: bool(self.handle.data.reshape(-1)[0])
 interpreter._patch_lang_tensor = _scalars
-"""
 
-CHECK = (
-    INTERPRETER
-    + r"""
 from atlas.runtime.decode_attention import decode_attention
 
 spec = json.loads(sys.argv[1])
@@ -61,13 +55,12 @@ ref = torch.cat([
 print(json.dumps({"shape": list(out.shape), "dtype": str(out.dtype), "gap": (out.double() - ref).abs().max().item(),
                   "finite": bool(torch.isfinite(out).all())}))
 """
-)
 
 # used keys: one, inside a 64-key block, at its end, one past it, and long; rows out of order in the pool
 ROWS = [[1, 0], [63, 2000], [64, 100], [65, 300], [700, 1100], [5, 1900]]
 
 
-def run_check(spec: dict, script: str = CHECK) -> dict:
+def run_check(spec: dict) -> dict:
     folder = os.environ.get("ATLAS_TRITON")
     if not folder or not (Path(folder) / "triton").is_dir():
         pytest.skip(
@@ -76,7 +69,7 @@ def run_check(spec: dict, script: str = CHECK) -> dict:
     src = Path(__file__).resolve().parents[2] / "src"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([folder, str(src)]))
     done = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(spec)], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", CHECK, json.dumps(spec)], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -110,81 +103,3 @@ def test_a_step_with_few_rows_splits_the_keys_until_the_gpu_is_full():
     assert [splits(rows, 8, cpu) for rows in (1, 2, 4, 8, 64)] == [4, 2, 1, 1, 1]
     assert [splits(rows, 1, cpu) for rows in (1, 3, 32)] == [16, 16, 1]
     assert splits(5, 2, cpu) == 4  # 32 programs wanted over 10: four splits, the power of two above 3.2
-
-
-PREFILL_CHECK = (
-    INTERPRETER
-    + r"""
-import numpy as np
-from atlas.runtime.prefill_attention import prefill_attention, tiles, tiles_for
-
-spec = json.loads(sys.argv[1])
-torch.manual_seed(spec["seed"])
-dtype = getattr(torch, spec["dtype"])
-hq, hk, d = spec["heads"]
-prompts = spec["prompts"]  # [new tokens, used keys, segment start]
-size = max(u + s for _, u, s in prompts) + 64
-keys, values = (torch.randn(size, hk, d, dtype=dtype) for _ in range(2))
-new = [n for n, _, _ in prompts]
-tokens = sum(new) + spec["padding"]
-q = torch.randn(tokens, hq, d, dtype=dtype)
-cu = torch.tensor(np.concatenate([[0], np.cumsum(new)]), dtype=torch.int32)
-starts = torch.tensor([s for _, _, s in prompts] + [0], dtype=torch.int32)
-used = torch.tensor([u for _, u, _ in prompts], dtype=torch.int32)
-tile_list = torch.from_numpy(tiles(new, tiles_for(tokens, len(prompts) + 3)))
-out = prefill_attention(q, keys, values, tile_list, cu, starts, used, d**-0.5)
-refs = []
-for (n, u, s), q0 in zip(prompts, cu[:-1].tolist()):
-    causal = torch.ones(n, u, dtype=torch.bool).tril(u - n)  # query i sees keys <= u - n + i
-    refs.append(F.scaled_dot_product_attention(
-        q[q0 : q0 + n].double().transpose(0, 1),
-        keys[s : s + u].double().transpose(0, 1),
-        values[s : s + u].double().transpose(0, 1),
-        attn_mask=causal, scale=d**-0.5, enable_gqa=True,
-    ).transpose(0, 1))
-ref = torch.cat(refs)
-got = out[: sum(new)]
-print(json.dumps({"shape": list(out.shape), "dtype": str(out.dtype), "gap": (got.double() - ref).abs().max().item(),
-                  "finite": bool(torch.isfinite(got).all()), "tiles": int((tile_list[:, 0] >= 0).sum())}))
-"""
-)
-
-# new tokens, used keys (kept before them, then theirs), segment start: one token alone; one tile
-# exactly; a tile and one token after kept keys; three tiles after long kept keys; a short prompt
-# placed before the others in the pool
-PROMPTS = [[1, 1, 900], [64, 64, 0], [65, 100, 2000], [130, 700, 1100], [5, 5, 64]]
-
-
-@pytest.mark.parametrize(
-    "dtype,heads,bound",
-    [
-        ("float32", [4, 2, 32], 1e-5),  # two query heads a KV head
-        ("float32", [6, 2, 32], 1e-5),  # three: the tile's rows padded to four heads
-        ("float16", [8, 1, 64], 2e-3),  # eight heads a group
-    ],
-)
-def test_tiled_prefill_attention_equals_causal_attention_over_each_prompts_keys(dtype, heads, bound):
-    """Each prompt's new tokens attend its kept keys and, causally, its own; tiles past the list's
-    prompts and tokens past the last prompt (a bucket's padding) change nothing."""
-    got = run_check(
-        dict(seed=len(heads), dtype=dtype, heads=heads, prompts=PROMPTS, padding=37), PREFILL_CHECK
-    )
-    assert got["shape"] == [sum(p[0] for p in PROMPTS) + 37, heads[0], heads[2]]
-    assert got["dtype"] == f"torch.{dtype}" and got["finite"]
-    assert got["tiles"] == 1 + 1 + 2 + 3 + 1
-    assert got["gap"] < bound, got
-
-
-def test_the_tile_list_covers_each_prompt_by_query_blocks_then_ends():
-    import numpy as np
-
-    from atlas.runtime.prefill_attention import BLOCK_M, tiles, tiles_for
-
-    assert BLOCK_M == 64
-    got = tiles(np.array([1, 64, 65, 130]), 9)
-    expected = [[0, 0], [1, 0], [2, 0], [2, 1], [3, 0], [3, 1], [3, 2], [-1, 0], [-1, 0]]
-    assert got.tolist() == expected and got.dtype == np.int32
-    # a bucket of T tokens in R prompts: T / 64 blocks, and one more a prompt at most
-    assert tiles_for(256, 4) == 8 and tiles_for(257, 1) == 6
-    with pytest.raises(ValueError, match="8 tiles .* past the list's 7"):
-        tiles(np.array([64, 128, 300]), 7)

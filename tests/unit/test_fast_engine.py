@@ -7,7 +7,6 @@ import math
 from dataclasses import replace
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -15,15 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from atlas.config.runtime import RuntimeConfig
 from atlas.runtime import kv_pool
 from atlas.runtime.engine import GenerationRequest
-from atlas.runtime.fast_engine import (
-    CLOCK_COUNTS,
-    CLOCK_SECONDS,
-    StaticEngine,
-    bucket,
-    pool_positions,
-    prefill_prompts,
-    prefill_sizes,
-)
+from atlas.runtime.fast_engine import StaticEngine, bucket, pool_positions
 from atlas.runtime.kv_pool import KVPool, Layout, Segments, pool_attention
 from atlas.runtime.sampling import M32, gumbel, keys_for, row_key, sample, top_p_keep, uniform
 from atlas.runtime.session import load_runtime
@@ -600,86 +591,3 @@ def test_a_feed_that_promises_more_but_has_none_in_flight_is_an_error(runtime):
 
     with pytest.raises(RuntimeError, match="Stuck: more requests due, none in flight"):
         eager_static_engine(runtime).serve(Stuck())
-
-
-def test_prefill_buckets_are_powers_of_two_and_halfway_up_to_the_budget(runtime):
-    powers = [256 * 2**k for k in range(8)]  # up to 32768
-    assert prefill_sizes(32768) == sorted(powers + [p * 3 // 2 for p in powers[:-1]])
-    assert prefill_sizes(32768)[:5] == [256, 384, 512, 768, 1024]
-    assert prefill_sizes(300) == [256, 384] and prefill_sizes(100) == [256]
-    # prompts a bucket holds: an eighth of its tokens, at least 32, at most the engine's rows
-    assert [prefill_prompts(t, 512) for t in (256, 384, 3072, 4096, 32768)] == [32, 48, 384, 512, 512]
-    assert prefill_prompts(32768, 256) == 256
-    fast = eager_static_engine(runtime, padded_prefill=True)  # max_rows 512, budget 16384
-    assert fast._prefill_size(100, 3) == 256
-    assert fast._prefill_size(256, 32) == 256
-    assert fast._prefill_size(257, 1) == 384
-    assert fast._prefill_size(100, 40) == 384  # more prompts than 256 tokens' bucket holds
-    assert fast._prefill_size(100, 200) == 2048
-    assert fast._prefill_size(16384, 512) == 16384 == fast.prefill_sizes[-1]
-    assert fast._prefill_size(16385, 1) is None  # a prompt past the budget runs unpadded
-    assert eager_static_engine(runtime)._prefill_size(100, 3) is None  # padding off (eager default)
-
-
-def test_a_padded_prefill_takes_only_bucket_shapes_and_gives_the_same_tokens(runtime):
-    """With padded prefills every admission's forward has a bucket's shape, whatever its prompts:
-    a question's samples sharing a prompt (its keys copied to their segments after the forward),
-    next turns that reuse their conversation's keys, follow-ups joining running rows. The tokens
-    and log-probs equal the HF engine's."""
-    hf = runtime.engine
-    fast = eager_static_engine(runtime, min_batch=1, admit_wait=0, padded_prefill=True)
-    shapes = []  # tokens of each prefill forward (a decode step keeps every row's logits: keep=0)
-    forward = fast._forward
-
-    def counted(ids, positions, layout, keep):
-        if not isinstance(keep, int):
-            shapes.append(len(ids))
-        return forward(ids, positions, layout, keep)
-
-    fast._forward = counted
-    questions = requests_for(runtime, 3)
-    shared = [
-        GenerationRequest(q.prompt_ids, q.grammar, q.max_new_tokens, seed=100 * k + j)
-        for j, q in enumerate(questions)
-        for k in range(3)
-    ]
-    assert_same_rows(hf.generate(shared), fast.generate(shared))
-    assert fast.last_timing["prefill_tokens"] == sum(len(q.prompt_ids) for q in questions)
-    first = conversations(runtime)
-    feed = FollowUps(runtime, first, follow_max_new=5)
-    fast.serve(feed)
-    assert fast.last_timing["admissions"] >= 2 and fast.last_timing["reused_tokens"] > 0
-    for tag, gen in feed.outs.items():
-        assert_same_rows(hf.generate([feed.requests[tag]]), [gen])
-    assert len(shapes) >= 3 and set(shapes) <= set(fast.prefill_sizes)
-    assert len(shapes) == sum(pb.runs for pb in fast._prefills.values())
-    assert all(pb.graph is None for pb in fast._prefills.values())  # nothing captured off a GPU
-
-
-def test_a_padded_prefill_writes_its_buckets_buffers_as_the_captured_forward_reads_them(runtime):
-    """Two rows asking one prompt (computed once, its keys copied to the second row's segment)
-    and a next turn with 20 tokens kept: 20 new tokens in a bucket of 256, padded with tokens
-    that write to the scratch position and prompts that hold none."""
-    fast = eager_static_engine(runtime, padded_prefill=True)
-    fast._clock = dict.fromkeys(CLOCK_SECONDS, 0.0) | dict.fromkeys(CLOCK_COUNTS, 0)
-    fast._new_pool(4000)
-    p0 = list(range(100, 110))
-    p2 = list(range(200, 230))
-    with torch.no_grad(), fast.pool_attention():
-        out = fast._prefill([p0, p0, p2], np.array([1000, 2000, 3000]), np.array([0, 0, 20]))
-    assert list(fast._prefills) == [256] and fast._clock["prefill_tokens"] == 20
-    ids, positions, write, keep, cu_q, starts, used, tiles = fast._prefills[256].views()
-    assert ids.tolist() == p0 + p2[20:] + [0] * 236
-    assert positions.tolist() == list(range(10)) + list(range(20, 30)) + [0] * 236
-    scratch = fast._scratch
-    assert write.tolist() == list(range(1000, 1010)) + list(range(3020, 3030)) + [scratch] * 236
-    assert keep.tolist() == [9, 19] + [0] * 30  # each prompt's last token; 32 prompts in the bucket
-    assert cu_q.tolist() == [0, 10] + [20] * 31
-    assert starts.tolist() == [1000, 3000] + [0] * 31
-    assert used.tolist() == [10, 30] + [0] * 30
-    assert tiles.tolist() == [[0, 0], [1, 0]] + [[-1, 0]] * 34  # 256 / 64 blocks + 32 prompts
-    kv = fast.pool.kv
-    assert torch.equal(kv[:, :, 2000:2010], kv[:, :, 1000:1010])  # the shared prompt's keys, copied
-    assert kv[:, :, 1000:1010].abs().sum() > 0
-    assert out.shape == (3, fast.vocab_size) and torch.equal(out[0], out[1])
-    assert not torch.equal(out[0], out[2])

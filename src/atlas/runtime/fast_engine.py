@@ -16,11 +16,7 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
 - the prompts of an admission are one packed forward (a prompt asked by several rows, a question's
   samples, is computed once and its keys and values written to every row's segment), and a
   request that continues a conversation (`cache_key`) reuses what that conversation's last request
-  left in the pool: a next turn computes only the tool response and what follows. On a GPU that
-  forward is padded to a token bucket (`prefill_sizes`: powers of two from PREFILL_MIN and halfway
-  between, up to the prefill budget; `prefill_prompts` prompts each) and captured once per bucket,
-  its attention over a list of the prompts' query blocks (atlas.runtime.prefill_attention): an
-  admission costs its kernels' device time, not hundreds of launches from Python;
+  left in the pool: a next turn computes only the tool response and what follows;
 - a decode step has static shapes per number of rows (a bucket: a power of two), whatever the
   prompts' lengths: it is captured once as a CUDA graph per bucket and replayed, and the rows'
   positions and segments are rewritten in a small buffer between replays. A new turn, a row that
@@ -74,7 +70,6 @@ import xgrammar as xgr
 from atlas.model.liger import liger_rope
 from atlas.runtime import decode_attention as split_attention
 from atlas.runtime import kv_pool
-from atlas.runtime import prefill_attention as tiled_prefill
 from atlas.runtime.engine import Feed, Generation, GenerationRequest, ListFeed, OnFinish
 from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout, Segments, to_device
 from atlas.runtime.sampling import draw, seed_key, step_keys
@@ -94,8 +89,7 @@ def usable_memory(device: torch.device) -> int:
     return min(total, int(claim * 2**30)) if claim > 0 else total
 
 
-PREFILL_BUDGET = 16384  # prompt tokens in one prefill forward at most (a longer prompt goes alone)
-PREFILL_MIN = 256  # tokens of the smallest prefill bucket
+PREFILL_BUDGET = 32768  # prompt tokens in one prefill forward at most (a longer prompt goes alone)
 MAX_ROWS = 512  # rows generating at once, at most; more requests wait for a row to end
 # Requests that arrive while rows generate join them at the next step when they are at least
 # ADMIT_SHARE of the rows generating, or when the oldest has waited ADMIT_WAIT steps: a prefill
@@ -139,26 +133,6 @@ def bucket(n: int, minimum: int) -> int:
     return size
 
 
-def prefill_sizes(budget: int) -> list[int]:
-    """Token buckets of a padded prefill: powers of two from PREFILL_MIN and one and a half times
-    each, up to the first that holds `budget` tokens."""
-    sizes, size = [], PREFILL_MIN
-    while True:
-        sizes.append(size)
-        if size >= budget:
-            return sizes
-        sizes.append(size * 3 // 2)
-        if size * 3 // 2 >= budget:
-            return sizes
-        size *= 2
-
-
-def prefill_prompts(tokens: int, max_rows: int) -> int:
-    """Prompts a prefill bucket of `tokens` holds: an eighth of its tokens (at least 32), at most
-    the engine's rows. An admission of more, shorter prompts takes a larger bucket."""
-    return min(max(tokens // 8, 32), max_rows)
-
-
 def pool_positions(need: int) -> int:
     """Positions for a pool that must hold `need`: a quarter more, rounded up to an eighth of the
     power of two at or above it, so that the next turn's somewhat longer prompts still fit."""
@@ -185,28 +159,6 @@ class Rows:
     graphs: dict[str, torch.cuda.CUDAGraph] = field(default_factory=dict)
 
 
-@dataclass
-class PrefillBucket:
-    """One prefill bucket's buffers (kept across calls, like a Rows: its graph reads them): the
-    admission's prompts padded to `tokens` tokens and `prompts` prompts. Padding tokens write to a
-    scratch position and belong to no prompt; padding prompts hold no tokens and keep logits row
-    0."""
-
-    tokens: int
-    prompts: int
-    tiles: int
-    i64: torch.Tensor  # ids [T], positions [T], write_at [T], keep [R]
-    i32: torch.Tensor  # cu_q [R + 1], starts [R + 1], used [R], tiles [tiles, 2]
-    graph: torch.cuda.CUDAGraph | None = None
-    runs: int = 0  # forwards run eagerly (no graphs: a CPU)
-
-    def views(self):
-        t, r = self.tokens, self.prompts
-        ids, positions, write, keep = self.i64.split([t, t, t, r])
-        cu_q, starts, used, tiles = self.i32.split([r + 1, r + 1, r, 2 * self.tiles])
-        return ids, positions, write, keep, cu_q, starts, used, tiles.view(self.tiles, 2)
-
-
 class StaticEngine:
     def __init__(
         self,
@@ -228,7 +180,6 @@ class StaticEngine:
         admit_share: float = ADMIT_SHARE,
         admit_wait: int = ADMIT_WAIT,
         decode_attention: str | None = None,
-        padded_prefill: bool | None = None,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -290,13 +241,6 @@ class StaticEngine:
         # pool for its conversation's next request (oldest first: evicted first)
         self._kept: dict[object, tuple[list[int], int]] = {}
         self._buckets: dict[int, Rows] = {}
-        # A prefill pads its tokens to a bucket (prefill_sizes), so that its forward is captured
-        # once per bucket: by default where decode steps are captured. Off a GPU the padded
-        # forward runs eagerly (the tests').
-        self.padded_prefill = self.graphs if padded_prefill is None else padded_prefill
-        self.prefill_sizes = prefill_sizes(prefill_budget)
-        self._prefills: dict[int, PrefillBucket] = {}
-        self._prefill_out: torch.Tensor | None = None  # [prompts of the largest bucket, vocab]
         self._state = None  # the model's adapter state the graphs were captured under
         self.captures = 0  # graphs captured by this engine, over its life
         self.last_timing: dict = {}
@@ -390,8 +334,6 @@ class StaticEngine:
         an assertion in PyTorch's caching allocator)."""
         for rb in self._buckets.values():
             rb.graphs.clear()
-        for pb in self._prefills.values():
-            pb.graph = None
         if self.graphs:
             self._graph_pool = torch.cuda.graph_pool_handle()
 
@@ -491,29 +433,25 @@ class StaticEngine:
             return fn(rb)
         name = fn.__name__
         if name not in rb.graphs:
-            rb.graphs[name] = self._capture(lambda: fn(rb))
+            t = time.perf_counter()
+            current, stream = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
+            stream.wait_stream(current)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                fn(rb)  # warm-up: lazy initialisation, workspaces, the pick's compile
+                # Both functions only rewrite their outputs from their inputs: the warm-up's work is
+                # the replay's. Other threads (graders, the device sampler) may use CUDA meanwhile.
+                graph.capture_begin(pool=self._graph_pool, capture_error_mode="thread_local")
+                try:
+                    fn(rb)
+                finally:
+                    graph.capture_end()
+            current.wait_stream(stream)
+            rb.graphs[name] = graph
+            self.captures += 1
+            self._clock["graphs"] += 1
+            self._clock["capture_s"] += time.perf_counter() - t
         rb.graphs[name].replay()
-
-    def _capture(self, fn) -> torch.cuda.CUDAGraph:
-        """fn() run once, then captured as a CUDA graph into the engine's graph pool."""
-        t = time.perf_counter()
-        current, stream = torch.cuda.current_stream(self.device), torch.cuda.Stream(self.device)
-        stream.wait_stream(current)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            fn()  # warm-up: lazy initialisation, workspaces, the pick's compile
-            # The captured functions only rewrite their outputs from their inputs: the warm-up's
-            # work is the replay's. Other threads (graders, the device sampler) may use CUDA meanwhile.
-            graph.capture_begin(pool=self._graph_pool, capture_error_mode="thread_local")
-            try:
-                fn()
-            finally:
-                graph.capture_end()
-        current.wait_stream(stream)
-        self.captures += 1
-        self._clock["graphs"] += 1
-        self._clock["capture_s"] += time.perf_counter() - t
-        return graph
 
     # -- prompts ------------------------------------------------------------------------------
 
@@ -537,144 +475,42 @@ class StaticEngine:
             tokens += n
         batches.append(batch)
         outs, serves = [], np.empty(len(prompts), dtype=np.int64)  # prompt i's logits: row serves[i]
-        done = 0
         for batch in batches:
-            new = np.array([len(p) - k for p, k, _ in batch], dtype=np.int64)  # tokens computed now
-            self._clock["prefill_tokens"] += int(new.sum())
+            new = [len(p) - k for p, k, _ in batch]  # tokens computed now
+            self._clock["prefill_tokens"] += sum(new)
             cu = np.concatenate([[0], np.cumsum(new)])
-            first = np.array([items[item][0] for item in batch], dtype=np.int64)
-            # where each computed token's key goes: its first row's segment
+            first = [items[item][0] for item in batch]
             write = np.concatenate(
                 [starts[f] + np.arange(k, len(p)) for (p, k, _), f in zip(batch, first, strict=True)]
             )
-            src, dst = [], []  # the same prompt, nothing kept: its other rows get the same keys
+            src, dst = [], []
             for k, (item, c0, n) in enumerate(zip(batch, cu, new, strict=False)):
-                serves[items[item]] = done + k
-                for row in items[item][1:]:
+                serves[items[item]] = sum(len(o) for o in outs) + k
+                for row in items[item][1:]:  # the same prompt, nothing kept: the same keys
                     src.append(c0 + np.arange(n))
                     dst.append(starts[row] + np.arange(n))
-            done += len(batch)
-            used = np.array([len(p) for p, _, _ in batch], dtype=np.int64)
-            ids = np.fromiter((t for p, k, _ in batch for t in p[k:]), dtype=np.int64, count=int(cu[-1]))
-            positions = np.concatenate([np.arange(k, len(p)) for p, k, _ in batch])
-            size = self._prefill_size(int(cu[-1]), len(batch))
-            if size is not None:  # padded to a bucket (captured on a GPU); the copies after it
-                outs.append(self._padded(size, ids, positions, write, cu, starts[first], used))
-                if src:
-                    self.pool.move(write[np.concatenate(src)], np.concatenate(dst))
-                continue
+            used = [len(p) for p, _, _ in batch]
             layout = Layout(
                 pool=self.pool,
                 write_at=to_device(write, dev),
                 cu_q=to_device(cu, dev, torch.int32),
-                starts=to_device(np.append(starts[first], 0), dev, torch.int32),
+                starts=to_device([starts[f] for f in first] + [0], dev, torch.int32),
                 used=to_device(used, dev, torch.int32),
-                max_q=int(new.max()),
-                max_k=int(used.max()),
+                max_q=max(new),
+                max_k=max(used),
                 copy_src=to_device(np.concatenate(src), dev) if src else None,
                 copy_dst=to_device(np.concatenate(dst), dev) if dst else None,
             )
             if not self.flash:
                 layout.rows = [
-                    (int(c), int(c + n), int(starts[f]), int(u))
+                    (int(c), int(c + n), int(starts[f]), u)
                     for c, n, f, u in zip(cu, new, first, used, strict=False)
                 ]
-            outs.append(
-                self._forward(
-                    to_device(ids, dev), to_device(positions, dev), layout, keep=to_device(cu[1:] - 1, dev)
-                )
-            )
+            ids = to_device([t for p, k, _ in batch for t in p[k:]], dev)
+            positions = to_device(np.concatenate([np.arange(k, len(p)) for p, k, _ in batch]), dev)
+            outs.append(self._forward(ids, positions, layout, keep=to_device(cu[1:] - 1, dev)))
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return out.index_select(0, to_device(serves, dev))
-
-    def _prefill_size(self, tokens: int, prompts: int) -> int | None:
-        """The bucket a padded prefill of `tokens` new tokens in `prompts` prompts takes; None
-        where it runs unpadded (padding off, or past the largest bucket: a prompt past the budget)."""
-        if not self.padded_prefill:
-            return None
-        for size in self.prefill_sizes:
-            if size >= tokens and prefill_prompts(size, self.max_rows) >= prompts:
-                return size
-        return None
-
-    def _prefill_bucket(self, size: int) -> PrefillBucket:
-        if size in self._prefills:
-            return self._prefills[size]
-        prompts = prefill_prompts(size, self.max_rows)
-        tiles = tiled_prefill.tiles_for(size, prompts)
-        pb = PrefillBucket(
-            tokens=size,
-            prompts=prompts,
-            tiles=tiles,
-            i64=torch.zeros(3 * size + prompts, dtype=torch.long, device=self.device),
-            i32=torch.zeros(3 * prompts + 2 + 2 * tiles, dtype=torch.int32, device=self.device),
-        )
-        largest = prefill_prompts(self.prefill_sizes[-1], self.max_rows)
-        if self._prefill_out is None:
-            self._prefill_out = torch.zeros(largest, self.vocab_size, dtype=torch.float32, device=self.device)
-        self._prefills[size] = pb
-        return pb
-
-    def _padded(self, size, ids, positions, write, cu, starts, used) -> torch.Tensor:
-        """The packed prompts' forward padded to the bucket of `size` tokens: the buffers
-        rewritten, the forward run (its graph replayed on a GPU). Returns the logits after each
-        prompt, [prompts, vocab]."""
-        pb = self._prefill_bucket(size)
-        n, k = len(ids), len(used)
-        host64 = np.zeros(3 * size + pb.prompts, dtype=np.int64)
-        host64[:n] = ids
-        host64[size : size + n] = positions
-        host64[2 * size : 3 * size] = self._scratch  # padding tokens write to a scratch position
-        host64[2 * size : 2 * size + n] = write
-        host64[3 * size : 3 * size + k] = cu[1:] - 1  # each prompt's last token: its logits
-        host32 = np.zeros(3 * pb.prompts + 2 + 2 * pb.tiles, dtype=np.int32)
-        r = pb.prompts
-        host32[: k + 1] = cu
-        host32[k + 1 : r + 1] = cu[-1]  # padding prompts: no tokens
-        host32[r + 1 : r + 1 + k] = starts
-        host32[2 * r + 2 : 2 * r + 2 + k] = used
-        host32[3 * r + 2 :] = tiled_prefill.tiles(np.diff(cu), pb.tiles).reshape(-1)
-        pb.i64.copy_(to_device(host64, self.device))
-        pb.i32.copy_(to_device(host32, self.device, torch.int32))
-        layout = self._prefill_layout(pb)
-        if not self.flash:  # a CPU: the attention row by row
-            layout.rows = [
-                (int(c), int(c + m), int(s), int(u))
-                for c, m, s, u in zip(cu, np.diff(cu), starts, used, strict=False)
-            ]
-        if self.graphs:  # captured on the bucket's first use (or by prepare), then replayed
-            if pb.graph is None:
-                pb.graph = self._capture(lambda: self._prefill_into(pb, layout))
-            pb.graph.replay()
-        else:
-            self._prefill_into(pb, layout)
-            pb.runs += 1
-        return self._prefill_out[:k].clone()
-
-    def _empty_prefill(self, pb: PrefillBucket) -> None:
-        """A bucket's buffers holding no prompt: every token padding (for a capture)."""
-        pb.i64.zero_()
-        pb.i64[2 * pb.tokens : 3 * pb.tokens] = self._scratch
-        pb.i32.zero_()
-        pb.views()[-1][:, 0] = -1
-
-    def _prefill_layout(self, pb: PrefillBucket) -> Layout:
-        _, _, write, _, cu_q, starts, used, tiles = pb.views()
-        tiled = self.flash and tiled_prefill.available(self.device)
-        return Layout(
-            pool=self.pool,
-            write_at=write,
-            cu_q=cu_q,
-            starts=starts,
-            used=used,
-            max_q=pb.tokens,
-            max_k=self.pool.positions,
-            tiles=tiles if tiled else None,
-        )
-
-    def _prefill_into(self, pb: PrefillBucket, layout: Layout) -> None:
-        ids, positions, _, keep, *_ = pb.views()
-        self._prefill_out[: pb.prompts].copy_(self._forward(ids, positions, layout, keep=keep))
 
     def _reuse(self, requests: Sequence[GenerationRequest], starts: np.ndarray) -> np.ndarray:
         """Move the keys and values these requests can reuse to their new segments: for each
@@ -725,11 +561,10 @@ class StaticEngine:
     @torch.no_grad()
     def prepare(self, rows: int) -> None:
         """Pay the first serve's costs now, before any rollout's clock: on a GPU, a pool as large as
-        the budget allows and, for every bucket up to the one of `rows`, its step and pick captured,
-        and every prefill bucket's forward (the sampler and the attention kernels compiled on the
-        way). A later serve of up to `rows` rows captures nothing while the pool holds (a larger
-        pool, for a budget the first could not reach, captures again). Eagerly (a CPU) there is
-        nothing to prepare."""
+        the budget allows and, for every bucket up to the one of `rows`, its step and pick captured
+        (the sampler and the attention kernels compiled on the way). A later serve of up to `rows`
+        rows captures nothing while the pool holds (a larger pool, for a budget the first could not
+        reach, captures again). Eagerly (a CPU) there is nothing to prepare."""
         if not self.graphs:
             return
         t = time.perf_counter()
@@ -756,14 +591,6 @@ class StaticEngine:
                 if size >= min(bucket(rows, self.min_batch), self.max_rows):
                     break
                 size *= 2
-            # largest first: a smaller bucket's capture reuses the memory the larger one's
-            # temporaries took in the shared graph pool (smallest first, each would need more)
-            for size in reversed(self.prefill_sizes) if self.padded_prefill else ():
-                pb = self._prefill_bucket(size)
-                if pb.graph is None:
-                    self._empty_prefill(pb)
-                    layout = self._prefill_layout(pb)
-                    pb.graph = self._capture(lambda pb=pb, layout=layout: self._prefill_into(pb, layout))
         torch.cuda.synchronize(self.device)
         self.last_timing = dict(self._clock, prepare_s=time.perf_counter() - t)
 

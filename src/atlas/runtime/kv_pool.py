@@ -17,8 +17,6 @@ are its last tokens):
 - in a decode step whose Layout sets `splits` (the engine's default on a GPU), through
   atlas.runtime.decode_attention: each row's keys split in that many parts, read once for a
   KV head's whole group;
-- in a prefill whose Layout sets `tiles` (a captured prefill's), through
-  atlas.runtime.prefill_attention: a grid of the prompts' query blocks, whatever their number;
 - otherwise (a CPU, float32) row by row with SDPA, from host copies of the rows' bounds
   (`Layout.rows`): the same function, for the tests, and not capturable.
 
@@ -37,7 +35,6 @@ import torch
 import torch.nn.functional as F
 
 from atlas.runtime.decode_attention import decode_attention
-from atlas.runtime.prefill_attention import prefill_attention
 
 POOL_ATTENTION = "atlas_pool"
 
@@ -62,8 +59,6 @@ class Layout:
     # a decode step (one query a row) through atlas.runtime.decode_attention, its keys split in
     # this many parts
     splits: int | None = None
-    # a prefill through atlas.runtime.prefill_attention, over this tile list ([tiles, 2] int32)
-    tiles: torch.Tensor | None = None
 
 
 class KVPool:
@@ -147,9 +142,6 @@ def pool_attention(
     if lay.splits is not None:  # a decode step, split along the keys
         out = decode_attention(q, keys, values, lay.starts, lay.used, scale, lay.splits)
         return out.unsqueeze(0), None
-    if lay.tiles is not None:  # a prefill of a token bucket, tile by tile
-        out = prefill_attention(q, keys, values, lay.tiles, lay.cu_q, lay.starts, lay.used, scale)
-        return out.unsqueeze(0), None
     if lay.rows is None:  # FlashAttention-2 (CUDA, half precision; and the meta device of the tests)
         out = torch.ops.aten._flash_attention_forward(
             q.contiguous(),
@@ -167,7 +159,7 @@ def pool_attention(
         )[0]
         return out.unsqueeze(0), None
     outs = []
-    for q0, q1, start, used in lay.rows:  # tokens past the last row (a bucket's padding) stay zero
+    for q0, q1, start, used in lay.rows:
         n = q1 - q0
         qs = q[q0:q1].transpose(0, 1)  # [Hq, n, D]
         ks, vs = (t[start : start + used].transpose(0, 1) for t in (keys, values))
@@ -177,10 +169,7 @@ def pool_attention(
         outs.append(
             F.scaled_dot_product_attention(qs, ks, vs, attn_mask=causal, scale=scale, enable_gqa=True)
         )
-    out = torch.cat(outs, dim=1).transpose(0, 1)
-    if len(out) < len(q):
-        out = torch.cat([out, out.new_zeros(len(q) - len(out), *out.shape[1:])])
-    return out.unsqueeze(0), None
+    return torch.cat(outs, dim=1).transpose(0, 1).unsqueeze(0), None
 
 
 def _no_mask(*args, **kwargs):
