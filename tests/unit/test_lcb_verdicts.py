@@ -454,3 +454,28 @@ def test_a_number_has_one_spelling_and_a_nan_none():
     assert compare_stdout("1e2 -0 .5", "100 0 0.50") is None
     assert compare_stdout("NaN", "NaN") is None  # equal as text
     assert compare_stdout("1 NaN", "1.0 NaN") == "expected '1.0 NaN' got '1 NaN'"  # a NaN equals no number
+
+
+def test_each_test_is_judged_against_its_own_stdout_bound():
+    """One run keeps stdout up to the program's largest bound (here test 2's, 2 x 12,001 + 4096
+    bytes), but each test is judged against its own: test 1's answer followed by 6,000 blank
+    lines passes under test 2's bound and is cut at test 1's 4,100 bytes."""
+    code = "n = int(input())\nprint('1' + '\\n' * 6000 if n == 1 else 'y' * 12000)\n"
+    tests = [Case("stdin", "1\n", "1\n"), Case("stdin", "2\n", "y" * 12000 + "\n")]
+    v = grade_code(code, tests, func_name=None, cfg=CFG)
+    assert statuses(v) == [("wrong_answer", "output longer than 4100 bytes"), ("passed", "")]
+    assert (v.passed, v.status) == (1, "failed")
+    # the same answer alone, under its own bound only: the blank lines are what cut it
+    v = grade_code("input()\nprint('1' + '\\n' * 2000)\n", tests[:1], func_name=None, cfg=CFG)
+    assert statuses(v) == [("passed", "")]
+
+
+def test_a_value_exactly_at_its_bound_is_judged_and_one_past_it_is_not():
+    """[1, 2]'s bound is 3 x 6 + 4096 = 4114 characters of JSON: a string of 4112 characters (4114
+    with its quotes) is compared, one of 4113 is dropped unread."""
+    code = "class Solution:\n    def f(self, n):\n        return 'a' * n\n"
+    tests = [Case("functional", "4112", "[1, 2]"), Case("functional", "4113", "[1, 2]")]
+    v = grade_code(code, tests, func_name="f", cfg=CFG)
+    assert [t.status for t in v.tests] == ["wrong_answer", "wrong_answer"]
+    assert v.tests[0].detail == "expected '[1, 2]' got '\"" + "a" * 56 + "...'"
+    assert v.tests[1].detail == "return value longer than 4114 characters of JSON"
