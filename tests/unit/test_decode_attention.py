@@ -32,35 +32,38 @@ interpreter._patch_lang_tensor = _scalars
 
 from atlas.runtime.decode_attention import decode_attention
 
-spec = json.loads(sys.argv[1])
-torch.manual_seed(spec["seed"])
-dtype = getattr(torch, spec["dtype"])
-hq, hk, d = spec["heads"]
-rows = spec["rows"]  # [used, start]
-size = max(u + s for u, s in rows) + 64
-keys, values = (torch.randn(size, hk, d, dtype=dtype) for _ in range(2))
-q = torch.randn(len(rows), hq, d, dtype=dtype) * spec["q_scale"]
-starts = torch.tensor([s for _, s in rows] + [0], dtype=torch.int32)
-used = torch.tensor([u for u, _ in rows], dtype=torch.int32)
-out = decode_attention(q, keys, values, starts, used, d**-0.5, spec["splits"])
-ref = torch.cat([
-    F.scaled_dot_product_attention(
-        q[i : i + 1].double().transpose(0, 1),
-        keys[s : s + u].double().transpose(0, 1),
-        values[s : s + u].double().transpose(0, 1),
-        scale=d**-0.5, enable_gqa=True,
-    ).transpose(0, 1)
-    for i, (u, s) in enumerate(rows)
-])
-print(json.dumps({"shape": list(out.shape), "dtype": str(out.dtype), "gap": (out.double() - ref).abs().max().item(),
-                  "finite": bool(torch.isfinite(out).all())}))
+results = []
+for spec in json.loads(sys.argv[1]):
+    torch.manual_seed(spec["seed"])
+    dtype = getattr(torch, spec["dtype"])
+    hq, hk, d = spec["heads"]
+    rows = spec["rows"]  # [used, start]
+    size = max(u + s for u, s in rows) + 64
+    keys, values = (torch.randn(size, hk, d, dtype=dtype) for _ in range(2))
+    q = torch.randn(len(rows), hq, d, dtype=dtype) * spec["q_scale"]
+    starts = torch.tensor([s for _, s in rows] + [0], dtype=torch.int32)
+    used = torch.tensor([u for u, _ in rows], dtype=torch.int32)
+    out = decode_attention(q, keys, values, starts, used, d**-0.5, spec["splits"])
+    ref = torch.cat([
+        F.scaled_dot_product_attention(
+            q[i : i + 1].double().transpose(0, 1),
+            keys[s : s + u].double().transpose(0, 1),
+            values[s : s + u].double().transpose(0, 1),
+            scale=d**-0.5, enable_gqa=True,
+        ).transpose(0, 1)
+        for i, (u, s) in enumerate(rows)
+    ])
+    results.append({"shape": list(out.shape), "dtype": str(out.dtype), "gap": (out.double() - ref).abs().max().item(),
+                      "finite": bool(torch.isfinite(out).all())})
+print(json.dumps(results))
 """
 
 # used keys: one, inside a 64-key block, at its end, one past it, and long; rows out of order in the pool
 ROWS = [[1, 0], [63, 2000], [64, 100], [65, 300], [700, 1100], [5, 1900]]
 
 
-def run_check(spec: dict) -> dict:
+def run_checks(specs: list[dict]) -> list[dict]:
+    """Each spec's check, all in one subprocess (one import of torch and Triton)."""
     folder = os.environ.get("ATLAS_TRITON")
     if not folder or not (Path(folder) / "triton").is_dir():
         pytest.skip(
@@ -69,24 +72,37 @@ def run_check(spec: dict) -> dict:
     src = Path(__file__).resolve().parents[2] / "src"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([folder, str(src)]))
     done = subprocess.run(
-        [sys.executable, "-c", CHECK, json.dumps(spec)], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", CHECK, json.dumps(specs)], env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+CASES = [
+    (1, "float32", [4, 2, 32], 1.0, 1e-5),  # one split writes the output itself
+    (4, "float32", [4, 2, 32], 1.0, 1e-5),  # splits past a short row's keys do nothing
+    # scores in the hundreds: exp of a split's maximum would overflow float32 unscaled
+    (8, "float32", [4, 2, 32], 40.0, 1e-4),
+    (16, "float16", [8, 1, 64], 1.0, 2e-3),  # more splits than some rows have blocks; 8 heads a group
+]
+
+
+@pytest.fixture(scope="module")
+def checked() -> list[dict]:
+    return run_checks(
+        [
+            dict(seed=splits, dtype=dtype, heads=heads, rows=ROWS, splits=splits, q_scale=q_scale)
+            for splits, dtype, heads, q_scale, _ in CASES
+        ]
+    )
+
+
 @pytest.mark.parametrize(
-    "splits,dtype,heads,q_scale,bound",
-    [
-        (1, "float32", [4, 2, 32], 1.0, 1e-5),  # one split writes the output itself
-        (4, "float32", [4, 2, 32], 1.0, 1e-5),  # splits past a short row's keys do nothing
-        # scores in the hundreds: exp of a split's maximum would overflow float32 unscaled
-        (8, "float32", [4, 2, 32], 40.0, 1e-4),
-        (16, "float16", [8, 1, 64], 1.0, 2e-3),  # more splits than some rows have blocks; 8 heads a group
-    ],
+    "case", range(len(CASES)), ids=["1-split", "4-splits", "8-splits-big-scores", "16-splits-fp16"]
 )
-def test_split_decode_attention_equals_attention_over_each_rows_keys(splits, dtype, heads, q_scale, bound):
-    got = run_check(dict(seed=splits, dtype=dtype, heads=heads, rows=ROWS, splits=splits, q_scale=q_scale))
+def test_split_decode_attention_equals_attention_over_each_rows_keys(checked, case):
+    splits, dtype, heads, q_scale, bound = CASES[case]
+    got = checked[case]
     assert got["shape"] == [len(ROWS), heads[0], heads[2]] and got["dtype"] == f"torch.{dtype}"
     assert got["finite"]
     assert got["gap"] < bound, got
