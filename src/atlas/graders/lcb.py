@@ -15,9 +15,10 @@ output, in what runs or when (every test runs before any is judged, and judging 
 sandbox is closed), so a program cannot learn which of its outputs passed, and each test starts
 with an empty scratch folder. Only a timeout or an error, which the program itself decides, ends
 its tests. One sandbox per program: its driver starts once and runs each test in a child
-(sandbox.py, driver.py); test inputs go in one at a time and expected outputs never do. Bounds: `test_timeout_s` per test, and
-`program_timeout_s` for all tests of the program together; a test the shrinking budget cuts short
-counts as a program timeout, and tests it leaves no time for are skipped.
+(sandbox.py, driver.py); test inputs go in one at a time and expected outputs never do. Bounds:
+`test_timeout_s` per test, and `program_timeout_s` for all tests of the program together; a test
+the shrinking budget cuts short counts as a program timeout, and tests it leaves no time for are
+skipped.
 
 Whatever a program returns or prints, judging it never raises: a value that cannot be compared is
 that test's error, and a driver that died is the verdict "the sandbox ended".
