@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The verl engine on one GPU node without a package index: a run of atlas.verl.launch with vLLM
-# rollouts, killed after its first step and launched again (resume_mode=auto), then converted.
+# The verl engine on one GPU node without a package index, the stage launched by hand: a run of
+# atlas.verl.launch with vLLM rollouts, killed after its first step and launched again
+# (resume_mode=auto), then converted. It made the evidence in resources/runs/h200-verl/; a user's
+# node runs the same through the workflow with scripts/offline_node.sh (docs/verl.md).
 #
 # Where files arrive a few tens of MiB at a time, the wheelhouse (scripts/wheelhouse.sh build
 # scripts/wheels/verl-vllm-h200.txt DIR; split DIR PARTS) comes in parts:
-#   bash scripts/verl_h200.sh part PARTS_DIR            keep the parts that arrived (in /tmp/parts)
-#   bash scripts/verl_h200.sh run BUNDLE OUT            join + install the wheelhouse, then the run
-#   bash scripts/verl_h200.sh resume BUNDLE OUT         the second launch alone (a run cut short)
-#   KILL_AT_STEP=N bash scripts/verl_h200.sh run ...    kill the first launch once verl has saved
+#   bash tools/verl_h200.sh part PARTS_DIR              keep the parts that arrived (in /tmp/parts)
+#   bash tools/verl_h200.sh run BUNDLE OUT              join + install the wheelhouse, then the run
+#   bash tools/verl_h200.sh resume BUNDLE OUT           the second launch alone (a run cut short)
+#   KILL_AT_STEP=N bash tools/verl_h200.sh run ...      kill the first launch once verl has saved
 #                                                       global step N (default 1); 0: no kill, one
 #                                                       launch from scratch to the end
-#   bash scripts/verl_h200.sh slices BUNDLE [CONFIG]    here: the bundle's stage slices, from
+#   bash tools/verl_h200.sh slices BUNDLE [CONFIG]      here: the bundle's stage slices, from
 #                                                       config/config.yaml under CONFIG
 #                                                       (default config/verl-node.yaml)
 # BUNDLE holds: atlas-*.whl (the project, for its vllm.general_plugins entry point), slice.json,
@@ -60,6 +62,7 @@ fi
 bundle=$(cd "$2" && pwd) out=$3
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
+[[ -f $here/wheelhouse.sh ]] || here=$(cd "$here/../scripts" && pwd)  # in the tree, beside them in a bundle
 if [[ ! -d /tmp/site/vllm ]]; then
     bash "$here/wheelhouse.sh" join "$parts" /tmp/wheelhouse || exit 1
     bash "$here/wheelhouse.sh" install /tmp/wheelhouse /tmp/site || exit 1
