@@ -30,7 +30,7 @@ def _scalars(tensor):
     tensor.__index__ = lambda self: int(self.handle.data.reshape(-1)[0])
 interpreter._patch_lang_tensor = _scalars
 
-from atlas.runtime.decode_attention import decode_attention
+from atlas.runtime.decode_attention import decode_attention, members_per_tile
 
 results = []
 for spec in json.loads(sys.argv[1]):
@@ -43,15 +43,34 @@ for spec in json.loads(sys.argv[1]):
     q = torch.randn(len(rows), hq, d, dtype=dtype) * spec["q_scale"]
     starts = torch.tensor([s for _, s in rows] + [0], dtype=torch.int32)
     used = torch.tensor([u for u, _ in rows], dtype=torch.int32)
-    out = decode_attention(q, keys, values, starts, used, d**-0.5, spec["splits"])
+    # groups: [leader, other members, pre]. A member's own copy of the prefix is noise here, so
+    # that only the leader's keys give the reference.
+    prefix = [(s, 0) for _, s in rows]  # per row: where its first `pre` keys are read, and pre
+    shared = {}
+    if "groups" in spec:
+        pre = torch.zeros(len(rows), dtype=torch.int32)
+        members = torch.full((len(rows), members_per_tile(hq, hk)), -1, dtype=torch.int32)
+        for lead, others, n in spec["groups"]:
+            members[lead, : 1 + len(others)] = torch.tensor([lead, *others])
+            for i in [lead, *others]:
+                pre[i] = n
+                prefix[i] = (rows[lead][1], n)
+            for i in others:
+                s = rows[i][1]
+                keys[s : s + n], values[s : s + n] = torch.randn(2, n, hk, d, dtype=dtype)
+        shared = dict(pre=pre, members=members, prefix_splits=spec["prefix_splits"])
+    out = decode_attention(q, keys, values, starts, used, d**-0.5, spec["splits"], **shared)
+
+    def own(t, i):
+        (u, s), (at, n) = rows[i], prefix[i]
+        return torch.cat([t[at : at + n], t[s + n : s + u]]).double().transpose(0, 1)
+
     ref = torch.cat([
         F.scaled_dot_product_attention(
-            q[i : i + 1].double().transpose(0, 1),
-            keys[s : s + u].double().transpose(0, 1),
-            values[s : s + u].double().transpose(0, 1),
+            q[i : i + 1].double().transpose(0, 1), own(keys, i), own(values, i),
             scale=d**-0.5, enable_gqa=True,
         ).transpose(0, 1)
-        for i, (u, s) in enumerate(rows)
+        for i in range(len(rows))
     ])
     results.append({"shape": list(out.shape), "dtype": str(out.dtype), "gap": (out.double() - ref).abs().max().item(),
                       "finite": bool(torch.isfinite(out).all())})
@@ -87,14 +106,48 @@ CASES = [
 ]
 
 
+# Rows sharing a prefix with their group's leader: a group of three (prefix ending inside a block,
+# a member one key past it), a group whose prefix is whole blocks, a group of two with one own key
+# each, and rows of no group between them; [leader, other members, pre].
+SHARED_ROWS = [
+    [70, 0],
+    [80, 200],
+    [66, 400],
+    [5, 600],
+    [130, 800],
+    [129, 1000],
+    [65, 1200],
+    [41, 1400],
+    [41, 1500],
+]
+SHARED = [
+    # (own splits, prefix splits, dtype, heads, q_scale, bound, groups)
+    (1, 1, "float32", [4, 2, 32], 1.0, 1e-5, [[1, [0, 2], 65], [4, [5], 128], [7, [8], 40]]),
+    (4, 2, "float32", [4, 2, 32], 40.0, 1e-4, [[1, [0, 2], 65], [4, [5], 128], [7, [8], 40]]),
+    (2, 8, "float16", [8, 1, 64], 1.0, 2e-3, [[1, [0], 65], [2, [6], 64], [4, [5], 128], [8, [7], 40]]),
+]
+
+
 @pytest.fixture(scope="module")
 def checked() -> list[dict]:
-    return run_checks(
-        [
-            dict(seed=splits, dtype=dtype, heads=heads, rows=ROWS, splits=splits, q_scale=q_scale)
-            for splits, dtype, heads, q_scale, _ in CASES
-        ]
-    )
+    plain = [
+        dict(seed=splits, dtype=dtype, heads=heads, rows=ROWS, splits=splits, q_scale=q_scale)
+        for splits, dtype, heads, q_scale, _ in CASES
+    ]
+    shared = [
+        dict(
+            seed=7,
+            dtype=dtype,
+            heads=heads,
+            rows=SHARED_ROWS,
+            splits=own,
+            prefix_splits=pre,
+            q_scale=scale,
+            groups=groups,
+        )
+        for own, pre, dtype, heads, scale, _, groups in SHARED
+    ]
+    return run_checks(plain + shared)
 
 
 @pytest.mark.parametrize(
@@ -104,6 +157,19 @@ def test_split_decode_attention_equals_attention_over_each_rows_keys(checked, ca
     splits, dtype, heads, q_scale, bound = CASES[case]
     got = checked[case]
     assert got["shape"] == [len(ROWS), heads[0], heads[2]] and got["dtype"] == f"torch.{dtype}"
+    assert got["finite"]
+    assert got["gap"] < bound, got
+
+
+@pytest.mark.parametrize(
+    "case", range(len(SHARED)), ids=["1+1-splits", "4+2-splits-big-scores", "2+8-splits-fp16"]
+)
+def test_rows_of_a_group_read_the_leaders_prefix_and_their_own_keys_after_it(checked, case):
+    """Each member's own copy of the prefix is noise: only attention over the leader's first `pre`
+    keys, then the member's own keys past them, matches. Rows of no group attend their own keys."""
+    own, pre, dtype, heads, scale, bound, groups = SHARED[case]
+    got = checked[len(CASES) + case]
+    assert got["shape"] == [len(SHARED_ROWS), heads[0], heads[2]] and got["dtype"] == f"torch.{dtype}"
     assert got["finite"]
     assert got["gap"] < bound, got
 
