@@ -36,6 +36,8 @@ episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the sc
 
 `--decode-attention flash` runs the engines' decode steps through FlashAttention-2 instead of
 the split kernel (atlas.runtime.decode_attention; scripts/bench_attention.py times the two alone).
+`--no-shared-prefixes` has every row read its own copy of its prompt's keys instead of its prefix
+group's once (the split kernel's shared prefixes).
 
 Prints one table per mode and writes everything as JSON to `--out`.
 """
@@ -147,12 +149,15 @@ class Policy:
 
 
 def with_attention(rt, args):
-    """The runtime with its engine's decode attention set by --decode-attention (before any call:
-    a captured step bakes in its kernel)."""
-    if args.decode_attention is not None:
+    """The runtime with its engine's decode attention set by --decode-attention and
+    --no-shared-prefixes (before any call: a captured step bakes in its kernel)."""
+    if args.decode_attention is not None or args.no_shared_prefixes:
         if getattr(rt.engine, "captures", 0):
             raise RuntimeError("--decode-attention: the engine has captured steps already")
-        rt.engine.decode_attention = args.decode_attention
+        if args.decode_attention is not None:
+            rt.engine.decode_attention = args.decode_attention
+        if args.no_shared_prefixes:
+            rt.engine.share_prefixes = False
     return rt
 
 
@@ -392,6 +397,9 @@ def main() -> None:
         choices=("split", "flash"),
         help="the engine's decode-step attention (default: the engine's, split on a GPU)",
     )
+    p.add_argument(
+        "--no-shared-prefixes", action="store_true", help="every row reads its own copy of its prompt's keys"
+    )
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", type=Path, help="profile the last arm's last generation call into this file")
     p.add_argument(
@@ -427,6 +435,7 @@ def main() -> None:
         vocab=len(tokenizer),
         lora_rank=cfg.training.lora_rank,
         decode_attention=args.decode_attention or "the engine's default",
+        shared_prefixes=not args.no_shared_prefixes,
         gpu_memory_gb=claim,
     )
     policy = functools.cache(lambda: Policy(base, tokenizer, cfg, device))  # built once, if an arm needs it

@@ -137,6 +137,88 @@ def test_split_decode_attention_matches_the_row_by_row_float32_attention(splits,
     assert torch.equal(bf.kv[0, 1, write], v[0].transpose(0, 1))
 
 
+def test_rows_of_a_prefix_group_read_the_leaders_keys_in_bf16():
+    """The shared-prefix decode attention in bf16 on CUDA against the row-by-row float32 attention
+    over the leader's first `pre` keys and each row's own keys past them (a member's own copy of
+    the prefix is noise here)."""
+    from atlas.runtime.decode_attention import members_per_tile
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 16, 8, 128
+    cfg = SimpleNamespace(
+        num_hidden_layers=1,
+        num_key_value_heads=kv_heads,
+        head_dim=dim,
+        hidden_size=heads * dim,
+        num_attention_heads=heads,
+    )
+    rows = [(430, 0), (494, 500), (431, 1000), (5, 1500), (2000, 1600), (1500, 3700), (65, 5300)]
+    groups = [(1, [0, 2], 430), (4, [5], 1400)]  # (leader, other members, pre)
+    bf = KVPool(cfg, 6000, "cuda", torch.bfloat16)
+    bf.kv.normal_()
+    fp = KVPool(cfg, 6000, "cuda", torch.float32)
+    fp.kv.copy_(bf.kv)
+    q = torch.randn(1, heads, len(rows), dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, kv_heads, len(rows), dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    write = [start + used - 1 for used, start in rows]
+    pre = [0] * len(rows)
+    at = [start for _, start in rows]
+    members = torch.full((len(rows), members_per_tile(heads, kv_heads)), -1, dtype=torch.int32)
+    for lead, others, n in groups:
+        members[lead, : 1 + len(others)] = torch.tensor([lead, *others])
+        for i in [lead, *others]:
+            pre[i], at[i] = n, rows[lead][1]
+
+    def layout(pool, **kw):
+        return Layout(
+            pool=pool,
+            write_at=torch.tensor(write, device="cuda"),
+            cu_q=torch.arange(len(rows) + 1, dtype=torch.int32, device="cuda"),
+            starts=torch.tensor([s for _, s in rows] + [0], dtype=torch.int32, device="cuda"),
+            used=torch.tensor([u for u, _ in rows], dtype=torch.int32, device="cuda"),
+            max_q=1,
+            max_k=6000,
+            **kw,
+        )
+
+    module = SimpleNamespace(layer_idx=0)
+    shared = layout(
+        bf,
+        splits=2,
+        pre=torch.tensor(pre, dtype=torch.int32, device="cuda"),
+        members=members.cuda(),
+        prefix_splits=4,
+    )
+    out, _ = pool_attention(module, q, k, v, None, scaling=dim**-0.5, atlas_kv=shared)
+    bounds = [(i, i + 1, start, used, at[i], pre[i]) for i, (used, start) in enumerate(rows)]
+    ref, _ = pool_attention(
+        module, q.float(), k.float(), v.float(), None, scaling=dim**-0.5, atlas_kv=layout(fp, rows=bounds)
+    )
+    assert (out.float() - ref).abs().max().item() < 2e-2
+
+
+def test_samples_of_a_prompt_share_its_keys_and_generate_as_flash_does(tiny_model):
+    """3 questions x 4 samples through the captured engine, whose rows read each prompt's keys
+    through their group's leader, against FlashAttention-2 reading every row's own copy."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
+    rt = make_runtime(model, AutoTokenizer.from_pretrained(tiny_model), RuntimeConfig())
+    fast = rt.engine
+    flash = StaticEngine(
+        model,
+        fast.vocab_size,
+        fast.stop_token_ids,
+        banned_token_ids=rt.grammars.banned_token_ids,
+        decode_attention="flash",
+    )
+    requests = [
+        GenerationRequest(q.prompt_ids, q.grammar, q.max_new_tokens, seed=100 * k + j)
+        for j, q in enumerate(requests_for(rt, 3))
+        for k in range(4)
+    ]
+    assert_close_in_bf16(flash.generate(requests), fast.generate(requests))
+    assert fast.last_timing["shared_rows"] > 0 and flash.last_timing["shared_rows"] == 0
+
+
 def test_split_and_flash_decode_attention_generate_alike_when_captured(tiny_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
     rt = make_runtime(model, AutoTokenizer.from_pretrained(tiny_model), RuntimeConfig())

@@ -371,6 +371,45 @@ def test_a_next_turn_reuses_the_keys_its_conversation_left(runtime):
     assert fast.last_timing["reused_tokens"] == sum(len(r.prompt_ids) + 4 for r in capped)
 
 
+def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_leader(runtime):
+    """2 questions x 3 samples: each question's rows are a prefix group of its prompt's length,
+    and their next turns (each prompt now its own) stay in it through their kept keys. In tiles of
+    2 rows a group of 3 splits into a pair and a row alone. Every row reads the prompt's keys
+    from its tile leader's segment (the rows path off a GPU), with the HF engine's tokens."""
+    hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1, shrink=False)
+    fast._per_tile = 2
+    questions = requests_for(runtime, 2)
+    keys = [object() for _ in range(6)]
+    first = [
+        GenerationRequest(
+            q.prompt_ids, q.grammar, q.max_new_tokens, seed=100 * k + j, cache_key=keys[3 * j + k]
+        )
+        for j, q in enumerate(questions)
+        for k in range(3)
+    ]
+    a = fast.generate(first)
+    assert_same_rows(hf.generate(first), a)
+    groups = [fast._kept_groups[k] for k in keys]
+    assert [pre for _, pre in groups] == [len(q.prompt_ids) for q in questions for _ in range(3)]
+    assert len({g for g, _ in groups[:3]}) == len({g for g, _ in groups[3:]}) == 1
+    assert groups[0][0] != groups[3][0]
+    # a pair of each group shares; its row alone does not
+    assert 0 < fast.last_timing["shared_rows"] <= 4 * fast.last_timing["steps"]
+    response = runtime.tool_response_ids("ok 42")
+    second = [
+        GenerationRequest(
+            r.prompt_ids + g.token_ids + response, r.grammar, r.max_new_tokens, r.seed + 7, cache_key=k
+        )
+        for r, g, k in zip(first, a, keys, strict=True)
+    ]
+    b = fast.generate(second)
+    assert_same_rows(hf.generate(second), b)
+    assert fast.last_timing["reused_tokens"] > 0 and fast.last_timing["shared_rows"] > 0
+    off = eager_static_engine(runtime, min_batch=1, shrink=False, share_prefixes=False)
+    assert_same_rows(a, off.generate(first))
+    assert off.last_timing["shared_rows"] == 0
+
+
 def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_dir):
     """The episode loop through the eager StaticEngine, continuously batched (a next turn joins
     the running rows when its tool returns, and reuses its conversation's keys), gives the HF

@@ -17,6 +17,9 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
   samples, is computed once and its keys and values written to every row's segment), and a
   request that continues a conversation (`cache_key`) reuses what that conversation's last request
   left in the pool: a next turn computes only the tool response and what follows;
+- the rows of such a prompt form a prefix group, and their next turns stay in it: a decode step
+  reads the prompt's keys once for up to 8 rows of a group, through the first of them (its
+  leader), instead of once per row (atlas.runtime.decode_attention's shared prefixes);
 - a decode step has static shapes per number of rows (a bucket: a power of two), whatever the
   prompts' lengths: it is captured once as a CUDA graph per bucket and replayed, and the rows'
   positions and segments are rewritten in a small buffer between replays. A new turn, a row that
@@ -47,8 +50,9 @@ brought more); on a GPU, from events around each step's pick and forward and eac
 `gpu_s` (the device's seconds, of which `prefill_gpu_s` admissions'); with `steps`, `rows`
 (summed over steps), `by_bucket` (steps, wall seconds and GPU seconds per bucket),
 `admissions`, `shrinks`, `graphs` (captured), `pool_grows`, `evicted` (kept keys), `compactions`,
-`prefill_tokens` (the prompt tokens the prefill ran) and `reused_tokens` (those it did not: their
-keys were in the pool).
+`prefill_tokens` (the prompt tokens the prefill ran), `reused_tokens` (those it did not: their
+keys were in the pool) and `shared_rows` (rows that read their prompt's keys through their
+group's leader, summed over steps).
 
 On CPU, or with a float32 model, it runs the same functions eagerly with a row-by-row attention;
 the tests compare it there with HFEngine token for token.
@@ -120,9 +124,12 @@ CLOCK_COUNTS = (
     "compactions",
     "prefill_tokens",
     "reused_tokens",
+    "shared_rows",
 )
-# host buffer rows: positions fed, where their keys go, segment starts, used positions, pick keys
-POS, WRITE, START, USED, KEY = range(5)
+# host buffer rows: positions fed, where their keys go, segment starts, used positions, pick keys,
+# the prefix a row shares with its group (positions; 0: none) and where that prefix is read (the
+# group leader's segment start)
+POS, WRITE, START, USED, KEY, PRE, LEAD = META = range(7)
 
 
 def bucket(n: int, minimum: int) -> int:
@@ -150,8 +157,10 @@ class Rows:
     lp: torch.Tensor  # [rows] their log-probs
     sampled: torch.Tensor  # [rows] their sampled flags
     logits: torch.Tensor  # [rows, vocab] float32: the decode step's output, the pick's input
-    meta: torch.Tensor  # [5, rows + 1] int64 on the device: POS, WRITE, START, USED, KEY
+    meta: torch.Tensor  # [7, rows + 1] int64 on the device: POS, WRITE, START, USED, KEY, PRE, LEAD
     meta_host: torch.Tensor  # the same, pinned
+    members: torch.Tensor  # [rows, members_per_tile] int32: each group leader's rows (-1: none)
+    members_host: torch.Tensor  # the same, pinned
     bitmask: torch.Tensor  # [rows, words] int32 grammar masks, pinned
     bitmask_dev: torch.Tensor
     out_host: dict[str, torch.Tensor]  # pinned copies of tok, lp, sampled
@@ -180,6 +189,7 @@ class StaticEngine:
         admit_share: float = ADMIT_SHARE,
         admit_wait: int = ADMIT_WAIT,
         decode_attention: str | None = None,
+        share_prefixes: bool = True,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -220,6 +230,14 @@ class StaticEngine:
                 f"with Triton (got {self.device}, {self.dtype})"
             )
         self.decode_attention = decode_attention
+        # rows that share a prompt (a question's samples, and their later turns) read its keys
+        # once a step, through their group's leader (decode_attention's shared prefixes); off,
+        # each row reads its own copy
+        self.share_prefixes = share_prefixes
+        self._per_tile = split_attention.members_per_tile(
+            self.config.num_attention_heads, self.config.num_key_value_heads
+        )
+        self._groups = 0  # prefix groups made so far: the next one's id
         if cache_bytes is None and cuda:
             cache_bytes = int(CACHE_SHARE * usable_memory(self.device))
         self.cache_bytes = cache_bytes  # None: unbounded (CPU)
@@ -240,6 +258,8 @@ class StaticEngine:
         # cache_key -> (tokens, segment start): the keys and values a finished row left in the
         # pool for its conversation's next request (oldest first: evicted first)
         self._kept: dict[object, tuple[list[int], int]] = {}
+        # cache_key -> (group, prefix length): the prefix group a conversation's kept keys belong to
+        self._kept_groups: dict[object, tuple[int, int]] = {}
         self._buckets: dict[int, Rows] = {}
         self._state = None  # the model's adapter state the graphs were captured under
         self.captures = 0  # graphs captured by this engine, over its life
@@ -259,7 +279,7 @@ class StaticEngine:
         if (budget := self.budget_positions()) is not None:
             size = min(size, budget)
         self.pool = None
-        self._kept = {}
+        self._kept, self._kept_groups = {}, {}
         self._drop_graphs()  # they write into the old pool
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the old pool's memory, before the larger one is taken
@@ -325,6 +345,7 @@ class StaticEngine:
 
     def _forget(self, key) -> None:
         """Drop a conversation's kept keys and give their positions back."""
+        self._kept_groups.pop(key, None)
         if (old := self._kept.pop(key, None)) is not None:
             self.segments.give(old[1], len(old[0]))
 
@@ -348,8 +369,10 @@ class StaticEngine:
             lp=torch.zeros(rows, dtype=torch.float32, device=dev),
             sampled=torch.zeros(rows, dtype=torch.bool, device=dev),
             logits=torch.zeros(rows, self.vocab_size, dtype=torch.float32, device=dev),
-            meta=torch.zeros(5, rows + 1, dtype=torch.long, device=dev),
-            meta_host=torch.zeros(5, rows + 1, dtype=torch.long, pin_memory=pin),
+            meta=torch.zeros(len(META), rows + 1, dtype=torch.long, device=dev),
+            meta_host=torch.zeros(len(META), rows + 1, dtype=torch.long, pin_memory=pin),
+            members=torch.full((rows, self._per_tile), -1, dtype=torch.int32, device=dev),
+            members_host=torch.full((rows, self._per_tile), -1, dtype=torch.int32, pin_memory=pin),
             bitmask=bitmask.pin_memory() if pin else bitmask,
             bitmask_dev=torch.full_like(bitmask, -1, device=dev),
             out_host={
@@ -406,9 +429,17 @@ class StaticEngine:
         )
         if self.flash and self.decode_attention == "split":
             layout.splits = split_attention.splits(r, self.pool.kv_heads, self.device)
+            if self.share_prefixes:
+                layout.pre, layout.members = m[PRE, :r].to(torch.int32), rb.members
+                layout.prefix_splits = split_attention.splits(
+                    max(r // self._per_tile, 1), self.pool.kv_heads, self.device
+                )
         if not self.flash:
-            starts, used = m[[START, USED], :r].tolist()
-            layout.rows = [(i, i + 1, s, u) for i, (s, u) in enumerate(zip(starts, used, strict=True))]
+            starts, used, pre, lead = m[[START, USED, PRE, LEAD], :r].tolist()
+            layout.rows = [
+                (i, i + 1, s, u, at, n)
+                for i, (s, u, at, n) in enumerate(zip(starts, used, lead, pre, strict=True))
+            ]
         rb.logits.copy_(self._forward(rb.tok, m[POS, :r], layout, keep=0))
 
     def _pick(self, logits: torch.Tensor, bitmask: torch.Tensor, keys: torch.Tensor):
@@ -512,12 +543,16 @@ class StaticEngine:
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return out.index_select(0, to_device(serves, dev))
 
-    def _reuse(self, requests: Sequence[GenerationRequest], starts: np.ndarray) -> np.ndarray:
+    def _reuse(
+        self, requests: Sequence[GenerationRequest], starts: np.ndarray
+    ) -> tuple[np.ndarray, list[tuple[int, int] | None]]:
         """Move the keys and values these requests can reuse to their new segments: for each
         request, the tokens its cache_key's last request left, when its prompt begins with them
         (one token at least is left to compute: the first pick needs the prompt's last logits).
-        What a key kept is given back either way. Returns the positions reused per request."""
+        What a key kept is given back either way. Returns the positions reused per request, and
+        the prefix group (id, length) each reused request stays in, if its keys were in one."""
         kept = np.zeros(len(requests), dtype=np.int64)
+        groups: list[tuple[int, int] | None] = [None] * len(requests)
         src, dst = [], []
         for i, r in enumerate(requests):
             old = self._kept.get(r.cache_key) if r.cache_key is not None else None
@@ -527,6 +562,7 @@ class StaticEngine:
             n = len(tokens)
             if 0 < n < len(r.prompt_ids) and r.prompt_ids[:n] == tokens:
                 kept[i] = n
+                groups[i] = self._kept_groups.get(r.cache_key)  # its prefix lies within the n
                 src.append(start + np.arange(n))
                 dst.append(starts[i] + np.arange(n))
         if src:
@@ -535,7 +571,26 @@ class StaticEngine:
             if r.cache_key is not None:
                 self._forget(r.cache_key)  # copied out, or stale
         self._clock["reused_tokens"] += int(kept.sum())
-        return kept
+        return kept, groups
+
+    def _prefix_groups(
+        self, requests: Sequence[GenerationRequest], kept: np.ndarray, groups: list
+    ) -> list[tuple[int, int] | None]:
+        """Each request's prefix group (id, prefix length): a prompt that several requests of an
+        admission ask with nothing kept is computed once and copied to every one's segment
+        (`_prefill`), so those requests share its keys bit for bit, a new group; a request that
+        reuses a grouped conversation's keys stays in its group (`groups`, from `_reuse`)."""
+        asked: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            if not kept[i]:
+                asked.setdefault(tuple(r.prompt_ids), []).append(i)
+        out = list(groups)
+        for prompt, rows in asked.items():
+            if len(rows) > 1:
+                for i in rows:
+                    out[i] = (self._groups, len(prompt))
+                self._groups += 1
+        return out
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -585,6 +640,7 @@ class StaticEngine:
                 h[WRITE] = h[START] = self._scratch + np.arange(size + 1)
                 h[USED] = 1
                 rb.meta.copy_(rb.meta_host)
+                rb.members.fill_(-1)
                 rb.bitmask_dev.fill_(-1)
                 self._run(rb, self._pick_into)
                 self._run(rb, self._decode)
@@ -759,7 +815,8 @@ class _Run:
         requests = [r for _, r, _, _ in picked]
         starts = np.array([start for _, _, start, _ in picked], dtype=np.int64)
         ev0 = self.event()
-        kept = e._reuse(requests, starts)
+        kept, groups = e._reuse(requests, starts)
+        groups = e._prefix_groups(requests, kept, groups)
         first = e._prefill([r.prompt_ids for r in requests], starts, kept)
         rows = len(self.active) + len(picked)
         if self.rb is None or rows > self.rb.rows:
@@ -769,7 +826,7 @@ class _Run:
         if ev0 is not None:
             self.spans.append((0, ev0, self.event()))
         caps = e._caps(requests)
-        for j, (tag, request, start, size), cap in zip(free, picked, caps, strict=True):
+        for j, (tag, request, start, size), cap, group in zip(free, picked, caps, groups, strict=True):
             self.live[j] = _Live(
                 tag=tag,
                 request=request,
@@ -780,6 +837,7 @@ class _Run:
                 start=start,
                 size=size,
                 length=len(request.prompt_ids),
+                group=group,
             )
         share = (time.perf_counter() - t) / len(picked)
         for j in free:
@@ -863,7 +921,10 @@ class _Run:
         h[START, at] = starts
         h[USED, at] = lengths + 1
         h[KEY, at] = step_keys(np.array([row.key for row in lives], dtype=np.int64), counts)
+        h[LEAD] = h[START]
+        self.share(rows, lives, h)
         rb.meta.copy_(rb.meta_host, non_blocking=pin)
+        rb.members.copy_(rb.members_host, non_blocking=pin)
         ev0 = self.event()
         e._run(rb, e._pick_into)
         for k, v in rb.out_host.items():
@@ -924,6 +985,29 @@ class _Run:
         feed = sum(self.end(j) for j in ended)
         clock["host_s"] += time.perf_counter() - t2 - feed
 
+    def share(self, rows: list[int], lives: list, h: np.ndarray) -> None:
+        """This step's prefix groups: the live rows of each group, in tiles of up to
+        `members_per_tile`, the first of a tile its leader. A tile's rows read their prefix from
+        the leader's segment (PRE, LEAD), and the leader's row of the members table lists them.
+        A row alone in its tile reads its own keys."""
+        e, rb = self.e, self.rb
+        members = rb.members_host.numpy()
+        members[:] = -1
+        if not e.share_prefixes or (e.flash and e.decode_attention != "split"):
+            return  # FlashAttention-2's decode step reads each row's own copy
+        groups: dict[tuple[int, int], list[int]] = {}
+        for j, row in zip(rows, lives, strict=True):
+            if row.group is not None:
+                groups.setdefault(row.group, []).append(j)
+        for (_, pre), js in groups.items():
+            for c in range(0, len(js), e._per_tile):
+                tile = js[c : c + e._per_tile]
+                if len(tile) > 1:
+                    e._clock["shared_rows"] += len(tile)
+                    h[PRE, tile] = pre
+                    h[LEAD, tile] = self.live[tile[0]].start
+                    members[tile[0], : len(tile)] = tile
+
     def end(self, j: int) -> float:
         """Row j is done: what its conversation may continue from stays in the pool (the rest of
         its segment is given back), and the generation goes to the feed. Returns the seconds the
@@ -936,6 +1020,8 @@ class _Run:
         if key is not None:
             e._forget(key)
             e._kept[key] = ((row.request.prompt_ids + row.gen.token_ids[:held]), row.start)
+            if row.group is not None:
+                e._kept_groups[key] = row.group
             e.segments.give(row.start + row.length, row.size - row.length)
         else:
             e.segments.give(row.start, row.size)
@@ -959,3 +1045,4 @@ class _Live:
     start: int  # its segment: [start, start + size) of the pool
     size: int
     length: int  # positions of its segment holding keys
+    group: tuple[int, int] | None = None  # its prefix group: (id, positions shared)

@@ -54,11 +54,17 @@ class Layout:
     # the other rows' segments (copy_dst[j] <- the forward's token copy_src[j]).
     copy_src: torch.Tensor | None = None
     copy_dst: torch.Tensor | None = None
-    # (q0, q1, start, used) per row, on the host: set, the attention runs row by row with SDPA
-    rows: list[tuple[int, int, int, int]] | None = None
+    # (q0, q1, start, used[, prefix_at, pre]) per row, on the host: set, the attention runs row by
+    # row with SDPA (a row's first `pre` keys read at `prefix_at`, its group leader's segment)
+    rows: list[tuple] | None = None
     # a decode step (one query a row) through atlas.runtime.decode_attention, its keys split in
     # this many parts
     splits: int | None = None
+    # and, for rows that share a prefix with their group's leader, each row's prefix length [R]
+    # int32, the leaders' member lists [R, members_per_tile] int32 and the prefix's splits
+    pre: torch.Tensor | None = None
+    members: torch.Tensor | None = None
+    prefix_splits: int = 1
 
 
 class KVPool:
@@ -140,7 +146,9 @@ def pool_attention(
         keys.index_copy_(0, lay.copy_dst, k.index_select(0, lay.copy_src))
         values.index_copy_(0, lay.copy_dst, v.index_select(0, lay.copy_src))
     if lay.splits is not None:  # a decode step, split along the keys
-        out = decode_attention(q, keys, values, lay.starts, lay.used, scale, lay.splits)
+        out = decode_attention(
+            q, keys, values, lay.starts, lay.used, scale, lay.splits, lay.pre, lay.members, lay.prefix_splits
+        )
         return out.unsqueeze(0), None
     if lay.rows is None:  # FlashAttention-2 (CUDA, half precision; and the meta device of the tests)
         out = torch.ops.aten._flash_attention_forward(
@@ -159,10 +167,14 @@ def pool_attention(
         )[0]
         return out.unsqueeze(0), None
     outs = []
-    for q0, q1, start, used in lay.rows:
+    for q0, q1, start, used, *shared in lay.rows:
         n = q1 - q0
         qs = q[q0:q1].transpose(0, 1)  # [Hq, n, D]
-        ks, vs = (t[start : start + used].transpose(0, 1) for t in (keys, values))
+        at, pre = shared or (start, 0)
+        ks, vs = (
+            torch.cat([t[at : at + pre], t[start + pre : start + used]]).transpose(0, 1)
+            for t in (keys, values)
+        )
         causal = torch.ones(n, used, dtype=torch.bool, device=q.device).tril(
             used - n
         )  # query i sees keys <= used - n + i
