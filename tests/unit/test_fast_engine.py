@@ -240,22 +240,6 @@ def test_the_batch_shrinks_as_rows_finish_and_tokens_stay_the_same(runtime):
     assert hf.model.config._attn_implementation == "sdpa"
 
 
-def test_a_prompt_asked_several_times_is_computed_once(runtime):
-    """3 questions x 4 samples (different seeds): each prompt runs once in the prefill, its keys
-    are written to the 4 rows' segments, and every sample equals the HF engine's."""
-    hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1, shrink=False)
-    questions = requests_for(runtime, 3)
-    requests = [
-        GenerationRequest(q.prompt_ids, q.grammar, q.max_new_tokens, seed=100 * k + j)
-        for j, q in enumerate(questions)
-        for k in range(4)
-    ]
-    a, b = hf.generate(requests), fast.generate(requests)
-    assert len({tuple(y.token_ids) for y in b}) > 3  # the samples of one question differ
-    assert_same_rows(a, b)
-    assert fast.last_timing["prefill_tokens"] == sum(len(q.prompt_ids) for q in questions)
-
-
 def test_prompts_past_the_prefill_budget_run_in_several_forwards_with_the_same_tokens(runtime):
     requests = requests_for(runtime, 5)
     whole = eager_static_engine(runtime).generate(requests)
@@ -372,10 +356,11 @@ def test_a_next_turn_reuses_the_keys_its_conversation_left(runtime):
 
 
 def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_leader(runtime):
-    """2 questions x 3 samples: each question's rows are a prefix group of its prompt's length,
-    and their next turns (each prompt now its own) stay in it through their kept keys. In tiles of
-    2 rows a group of 3 splits into a pair and a row alone. Every row reads the prompt's keys
-    from its tile leader's segment (the rows path off a GPU), with the HF engine's tokens."""
+    """2 questions x 3 samples (different seeds): each prompt runs once in the prefill and its keys
+    are written to its 3 rows' segments; the rows are a prefix group of the prompt's length, and
+    their next turns (each prompt now its own) stay in it through their kept keys. In tiles of 2
+    rows a group of 3 splits into a pair and a row alone. Every row reads the prompt's keys from
+    its tile leader's segment (the rows path off a GPU), with the HF engine's tokens."""
     hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1, shrink=False)
     fast._per_tile = 2
     questions = requests_for(runtime, 2)
@@ -389,6 +374,8 @@ def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_le
     ]
     a = fast.generate(first)
     assert_same_rows(hf.generate(first), a)
+    assert len({tuple(g.token_ids) for g in a}) > 2  # the samples of one question differ
+    assert fast.last_timing["prefill_tokens"] == sum(len(q.prompt_ids) for q in questions)
     groups = [fast._kept_groups[k] for k in keys]
     assert [pre for _, pre in groups] == [len(q.prompt_ids) for q in questions for _ in range(3)]
     assert len({g for g, _ in groups[:3]}) == len({g for g, _ in groups[3:]}) == 1
