@@ -680,6 +680,9 @@ class _Run:
         self.waiting: deque[tuple[object, GenerationRequest, int]] = deque()  # (tag, request, since)
         self.more = True
         self.step = 0
+        # this step's prefix groups (`share`): rows, prefix lengths, where each reads its prefix;
+        # made again after a row joins, ends or moves
+        self.regroup, self.shared = True, None
         # (rows of the bucket, or 0 for an admission's prefill; CUDA events around its device work)
         self.spans: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
 
@@ -812,6 +815,7 @@ class _Run:
             want -= size
         if not picked:
             return
+        self.regroup = True
         requests = [r for _, r, _, _ in picked]
         starts = np.array([start for _, _, start, _ in picked], dtype=np.int64)
         ev0 = self.event()
@@ -852,6 +856,7 @@ class _Run:
         that hold keys move; the rows' starts (written to the step's buffer every step) and the
         kept keys' follow."""
         e = self.e
+        self.regroup = True  # the rows' starts move
         held = [(e._scratch, e._scratch_rows, e._scratch_rows, None)]  # (start, size, keys held, owner)
         held += [(row.start, row.size, row.length, row) for row in self.live if row is not None]
         held += [(start, len(tokens), len(tokens), key) for key, (tokens, start) in e._kept.items()]
@@ -881,6 +886,7 @@ class _Run:
         """Move the live rows to the front of a bucket of `rows`: only their logits move (their
         keys stay where they are in the pool)."""
         e, old = self.e, self.rb
+        self.regroup = True
         rb = e._rows(rows)
         live = [row for row in self.live if row is not None]
         if old is not None and live:
@@ -922,7 +928,7 @@ class _Run:
         h[USED, at] = lengths + 1
         h[KEY, at] = step_keys(np.array([row.key for row in lives], dtype=np.int64), counts)
         h[LEAD] = h[START]
-        self.share(rows, lives, h)
+        self.share(rows, lives, starts, h)
         rb.meta.copy_(rb.meta_host, non_blocking=pin)
         rb.members.copy_(rb.members_host, non_blocking=pin)
         ev0 = self.event()
@@ -985,28 +991,38 @@ class _Run:
         feed = sum(self.end(j) for j in ended)
         clock["host_s"] += time.perf_counter() - t2 - feed
 
-    def share(self, rows: list[int], lives: list, h: np.ndarray) -> None:
-        """This step's prefix groups: the live rows of each group, in tiles of up to
-        `members_per_tile`, the first of a tile its leader. A tile's rows read their prefix from
-        the leader's segment (PRE, LEAD), and the leader's row of the members table lists them.
-        A row alone in its tile reads its own keys."""
+    def share(self, rows: list[int], lives: list, starts: np.ndarray, h: np.ndarray) -> None:
+        """This step's prefix groups: the live rows of each group (in row order), in tiles of up
+        to `members_per_tile`, the first of a tile its leader. A tile's rows read their prefix
+        from the leader's segment (PRE, LEAD), and the leader's row of the members table lists
+        them. A row alone in its tile reads its own keys."""
         e, rb = self.e, self.rb
+        if not self.regroup:  # no row joined, ended or moved since the last step: the same groups
+            at, pre, lead = self.shared
+            h[PRE, at], h[LEAD, at] = pre, lead
+            e._clock["shared_rows"] += len(at)
+            return
+        self.regroup, self.shared = False, (np.empty(0, np.int64),) * 3
         members = rb.members_host.numpy()
         members[:] = -1
         if not e.share_prefixes or (e.flash and e.decode_attention != "split"):
             return  # FlashAttention-2's decode step reads each row's own copy
-        groups: dict[tuple[int, int], list[int]] = {}
-        for j, row in zip(rows, lives, strict=True):
-            if row.group is not None:
-                groups.setdefault(row.group, []).append(j)
-        for (_, pre), js in groups.items():
-            for c in range(0, len(js), e._per_tile):
-                tile = js[c : c + e._per_tile]
-                if len(tile) > 1:
-                    e._clock["shared_rows"] += len(tile)
-                    h[PRE, tile] = pre
-                    h[LEAD, tile] = self.live[tile[0]].start
-                    members[tile[0], : len(tile)] = tile
+        n, tile = len(rows), e._per_tile
+        group = np.fromiter((-1 if r.group is None else r.group[0] for r in lives), np.int64, n)
+        if (group < 0).all():
+            return
+        pre = np.fromiter((0 if r.group is None else r.group[1] for r in lives), np.int64, n)
+        order = np.argsort(group, kind="stable")  # each group's rows together, in row order
+        g = group[order]
+        first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])  # where each group begins
+        rank = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))  # place in its group
+        lead = np.arange(n) - rank % tile  # its tile's first, in `order`
+        on = (g >= 0) & (np.bincount(lead, minlength=n)[lead] > 1)  # in a group, not alone
+        at, by = np.asarray(rows)[order][on], order[lead][on]
+        self.shared = at, pre[order][on], starts[by]
+        h[PRE, at], h[LEAD, at] = self.shared[1:]
+        members[np.asarray(rows)[by], (rank % tile)[on]] = at
+        e._clock["shared_rows"] += len(at)
 
     def end(self, j: int) -> float:
         """Row j is done: what its conversation may continue from stays in the pool (the rest of
@@ -1014,6 +1030,7 @@ class _Run:
         feed took (its `finished`)."""
         e, row = self.e, self.live[j]
         self.live[j] = None
+        self.regroup = True
         self.rb.bitmask[j] = -1  # an empty row: anything goes; its tokens are never read
         key = row.request.cache_key
         held = row.length - len(row.request.prompt_ids)  # generated tokens whose keys are held
