@@ -361,7 +361,7 @@ def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_le
     their next turns (each prompt now its own) stay in it through their kept keys. In tiles of 2
     rows a group of 3 splits into a pair and a row alone. Every row reads the prompt's keys from
     its tile leader's segment (the rows path off a GPU), with the HF engine's tokens."""
-    hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1, shrink=False)
+    hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1, shrink=False, share_min_rows=1)
     fast._per_tile = 2
     questions = requests_for(runtime, 2)
     keys = [object() for _ in range(6)]
@@ -392,9 +392,10 @@ def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_le
     b = fast.generate(second)
     assert_same_rows(hf.generate(second), b)
     assert fast.last_timing["reused_tokens"] > 0 and fast.last_timing["shared_rows"] > 0
-    off = eager_static_engine(runtime, min_batch=1, shrink=False, share_prefixes=False)
-    assert_same_rows(a, off.generate(first))
-    assert off.last_timing["shared_rows"] == 0
+    # buckets below SHARE_MIN_ROWS (all of these, by default) read each row's own copy
+    own = eager_static_engine(runtime, min_batch=1, shrink=False)
+    assert_same_rows(a, own.generate(first))
+    assert own.last_timing["shared_rows"] == 0
 
 
 def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_dir):

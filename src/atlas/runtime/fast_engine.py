@@ -18,8 +18,9 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
   request that continues a conversation (`cache_key`) reuses what that conversation's last request
   left in the pool: a next turn computes only the tool response and what follows;
 - the rows of such a prompt form a prefix group, and their next turns stay in it: a decode step
-  reads the prompt's keys once for up to 8 rows of a group, through the first of them (its
-  leader), instead of once per row (atlas.runtime.decode_attention's shared prefixes);
+  of SHARE_MIN_ROWS rows or more reads the prompt's keys once for up to 8 rows of a group,
+  through the first of them (its leader), instead of once per row
+  (atlas.runtime.decode_attention's shared prefixes);
 - a decode step has static shapes per number of rows (a bucket: a power of two), whatever the
   prompts' lengths: it is captured once as a CUDA graph per bucket and replayed, and the rows'
   positions and segments are rewritten in a small buffer between replays. A new turn, a row that
@@ -100,6 +101,9 @@ MAX_ROWS = 512  # rows generating at once, at most; more requests wait for a row
 # forward has a fixed cost of several decode steps, so arrivals are gathered, not run one by one.
 ADMIT_SHARE = 0.5
 ADMIT_WAIT = 32
+# Buckets of at least this many rows read a shared prompt's keys once per group: below it a
+# step's attention is too small for the saved reads to pay for the second kernel's programs.
+SHARE_MIN_ROWS = 128
 # What a serve's clock (`last_timing`) holds besides `by_bucket`: seconds, then counts.
 CLOCK_SECONDS = (
     "prefill_s",
@@ -190,6 +194,7 @@ class StaticEngine:
         admit_wait: int = ADMIT_WAIT,
         decode_attention: str | None = None,
         share_prefixes: bool = True,
+        share_min_rows: int = SHARE_MIN_ROWS,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -233,7 +238,7 @@ class StaticEngine:
         # rows that share a prompt (a question's samples, and their later turns) read its keys
         # once a step, through their group's leader (decode_attention's shared prefixes); off,
         # each row reads its own copy
-        self.share_prefixes = share_prefixes
+        self.share_prefixes, self.share_min_rows = share_prefixes, share_min_rows
         self._per_tile = split_attention.members_per_tile(
             self.config.num_attention_heads, self.config.num_key_value_heads
         )
@@ -429,7 +434,7 @@ class StaticEngine:
         )
         if self.flash and self.decode_attention == "split":
             layout.splits = split_attention.splits(r, self.pool.kv_heads, self.device)
-            if self.share_prefixes:
+            if self.share_prefixes and r >= self.share_min_rows:
                 layout.pre, layout.members = m[PRE, :r].to(torch.int32), rb.members
                 layout.prefix_splits = split_attention.splits(
                     max(r // self._per_tile, 1), self.pool.kv_heads, self.device
@@ -1005,7 +1010,7 @@ class _Run:
         self.regroup, self.shared = False, (np.empty(0, np.int64),) * 3
         members = rb.members_host.numpy()
         members[:] = -1
-        if not e.share_prefixes or (e.flash and e.decode_attention != "split"):
+        if not e.share_prefixes or rb.rows < e.share_min_rows or (e.flash and e.decode_attention != "split"):
             return  # FlashAttention-2's decode step reads each row's own copy
         n, tile = len(rows), e._per_tile
         group = np.fromiter((-1 if r.group is None else r.group[0] for r in lives), np.int64, n)
