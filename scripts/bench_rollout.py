@@ -153,7 +153,9 @@ def with_attention(rt, args):
     --no-shared-prefixes (before any call: a captured step bakes in its kernel)."""
     if args.decode_attention is not None or args.no_shared_prefixes:
         if getattr(rt.engine, "captures", 0):
-            raise RuntimeError("--decode-attention: the engine has captured steps already")
+            raise RuntimeError(
+                "--decode-attention, --no-shared-prefixes: the engine has captured steps already"
+            )
         if args.decode_attention is not None:
             rt.engine.decode_attention = args.decode_attention
         if args.no_shared_prefixes:
