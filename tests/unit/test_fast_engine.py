@@ -400,8 +400,9 @@ def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_le
 
 def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_dir):
     """The episode loop through the eager StaticEngine, continuously batched (a next turn joins
-    the running rows when its tool returns, and reuses its conversation's keys), gives the HF
-    engine's episodes and records, whose engine runs each turn as one batch."""
+    the running rows when its tool returns, reuses its conversation's keys and stays in its
+    question's prefix group), gives the HF engine's episodes and records, whose engine runs each
+    turn as one batch."""
     from atlas.runtime.episode import EpisodeSpec, run_episodes
     from atlas.runtime.inputs import read_questions, read_tests
     from unit.test_runtime import GRADERS as graders
@@ -413,15 +414,16 @@ def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_d
         q for q in questions if q["source"] == "lcb"
     ][:2]
     specs = [EpisodeSpec(q, tests.get(q["question_uid"], []), k) for q in picked for k in range(2)]
-    fast = eager_static_engine(runtime, admit_wait=0)  # every arrival joins at the next step
+    # every arrival joins at the next step; a question's 2 samples read its keys through a leader
+    fast = eager_static_engine(runtime, admit_wait=0, share_min_rows=1)
     fast_rt = replace(runtime, engine=fast)
     a, b = (
         run_episodes(r, specs, cfg, graders, run="t", step=0, phase="val", seed=3) for r in (runtime, fast_rt)
     )
     later = sum(len(ep.records) for ep in b) - len(b)  # generations after an episode's first
     assert later > 0 and fast.last_timing["admissions"] > 1
-    assert fast.last_timing["reused_tokens"] > 0
-    assert fast._kept == {}  # an ended episode's keys are given back
+    assert fast.last_timing["reused_tokens"] > 0 and fast.last_timing["shared_rows"] > 0
+    assert fast._kept == {} and fast._kept_groups == {}  # an ended episode's keys are given back
     for x, y in zip(a, b, strict=True):
         assert x.token_ids == y.token_ids and x.sampled == y.sampled and x.end_reason == y.end_reason
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
