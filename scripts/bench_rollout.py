@@ -107,8 +107,8 @@ def profiled(fn, path: Path, device):
         sync(device)
     sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=30)
-    if device == "cuda":  # and the kernels themselves, by their own time
-        table += "\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
+    if device == "cuda":  # and every kernel itself, by its own time
+        table += "\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=-1)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(table)
     print(table)
