@@ -355,7 +355,39 @@ def test_a_next_turn_reuses_the_keys_its_conversation_left(runtime):
     assert fast.last_timing["reused_tokens"] == sum(len(r.prompt_ids) + 4 for r in capped)
 
 
-def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_leader(runtime):
+def checked_tiles(monkeypatch) -> list[int]:
+    """Wrap every step's `_Run.share` with a check of what the GPU kernel reads beside PRE and
+    LEAD: the members table. Each leader lists itself first, then rows of its own group only,
+    all of them with the group's prefix length and the leader's segment start; every row with a
+    prefix is listed once; a row no leader lists reads its own keys. Returns the tiles seen."""
+    from atlas.runtime import fast_engine
+
+    share, seen = fast_engine._Run.share, []
+
+    def checked(self, rows, lives, starts, h):
+        share(self, rows, lives, starts, h)
+        members = self.rb.members_host.numpy()
+        listed = []
+        for lead in range(self.rb.rows):
+            tile = [int(j) for j in members[lead] if j >= 0]
+            assert list(members[lead][len(tile) :]) == [-1] * (members.shape[1] - len(tile))
+            if not tile:
+                continue
+            assert tile[0] == lead and len(tile) > 1, tile
+            group = self.live[lead].group
+            for j in tile:
+                assert self.live[j].group == group
+                assert h[fast_engine.PRE, j] == group[1] and h[fast_engine.LEAD, j] == self.live[lead].start
+            listed += tile
+            seen.append(len(tile))
+        assert len(listed) == len(set(listed))
+        assert {j for j in rows if h[fast_engine.PRE, j] > 0} == set(listed)
+
+    monkeypatch.setattr(fast_engine._Run, "share", checked)
+    return seen
+
+
+def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_leader(runtime, monkeypatch):
     """2 questions x 3 samples (different seeds): each prompt runs once in the prefill and its keys
     are written to its 3 rows' segments; the rows are a prefix group of the prompt's length, and
     their next turns (each prompt now its own) stay in it through their kept keys. In tiles of 2
@@ -363,6 +395,7 @@ def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_le
     its tile leader's segment (the rows path off a GPU), with the HF engine's tokens."""
     hf, fast = runtime.engine, eager_static_engine(runtime, min_batch=1, shrink=False, share_min_rows=1)
     fast._per_tile = 2
+    tiles = checked_tiles(monkeypatch)
     questions = requests_for(runtime, 2)
     keys = [object() for _ in range(6)]
     first = [
@@ -382,6 +415,7 @@ def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_le
     assert groups[0][0] != groups[3][0]
     # a pair of each group shares; its row alone does not
     assert 0 < fast.last_timing["shared_rows"] <= 4 * fast.last_timing["steps"]
+    assert set(tiles) == {2}
     response = runtime.tool_response_ids("ok 42")
     second = [
         GenerationRequest(
@@ -398,7 +432,7 @@ def test_the_samples_of_a_prompt_and_their_next_turns_read_its_keys_through_a_le
     assert own.last_timing["shared_rows"] == 0
 
 
-def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_dir):
+def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_dir, monkeypatch):
     """The episode loop through the eager StaticEngine, continuously batched (a next turn joins
     the running rows when its tool returns, reuses its conversation's keys and stays in its
     question's prefix group), gives the HF engine's episodes and records, whose engine runs each
@@ -416,6 +450,7 @@ def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_d
     specs = [EpisodeSpec(q, tests.get(q["question_uid"], []), k) for q in picked for k in range(2)]
     # every arrival joins at the next step; a question's 2 samples read its keys through a leader
     fast = eager_static_engine(runtime, admit_wait=0, share_min_rows=1)
+    tiles = checked_tiles(monkeypatch)
     fast_rt = replace(runtime, engine=fast)
     a, b = (
         run_episodes(r, specs, cfg, graders, run="t", step=0, phase="val", seed=3) for r in (runtime, fast_rt)
@@ -423,6 +458,7 @@ def test_episodes_through_the_static_engine_equal_the_hf_engines(runtime, data_d
     later = sum(len(ep.records) for ep in b) - len(b)  # generations after an episode's first
     assert later > 0 and fast.last_timing["admissions"] > 1
     assert fast.last_timing["reused_tokens"] > 0 and fast.last_timing["shared_rows"] > 0
+    assert set(tiles) == {2}  # a question's 2 samples
     assert fast._kept == {} and fast._kept_groups == {}  # an ended episode's keys are given back
     for x, y in zip(a, b, strict=True):
         assert x.token_ids == y.token_ids and x.sampled == y.sampled and x.end_reason == y.end_reason
