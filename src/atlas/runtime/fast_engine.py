@@ -237,7 +237,8 @@ class StaticEngine:
         self.decode_attention = decode_attention
         # rows that share a prompt (a question's samples, and their later turns) read its keys
         # once a step, through their group's leader (decode_attention's shared prefixes); off,
-        # each row reads its own copy
+        # each row reads its own copy. Set both before the first serve: a captured step keeps the
+        # kernel it was captured with (either reads the same keys: every row holds its copy)
         self.share_prefixes, self.share_min_rows = share_prefixes, share_min_rows
         self._per_tile = split_attention.members_per_tile(
             self.config.num_attention_heads, self.config.num_key_value_heads
