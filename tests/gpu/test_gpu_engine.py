@@ -38,6 +38,32 @@ def assert_close_in_bf16(a, b) -> None:
     assert sum(gaps) / len(gaps) < 0.02 and max(gaps) < 0.5, (sum(gaps) / len(gaps), max(gaps))
 
 
+def one_layer(heads: int, kv_heads: int, dim: int) -> SimpleNamespace:
+    """A model config of one layer with these attention heads, for a KVPool."""
+    return SimpleNamespace(
+        num_hidden_layers=1,
+        num_key_value_heads=kv_heads,
+        head_dim=dim,
+        hidden_size=heads * dim,
+        num_attention_heads=heads,
+    )
+
+
+def decode_layout(pool: KVPool, segments, **kw) -> Layout:
+    """A decode step's Layout over `segments` [(used, start)]: one query a row, its key written at
+    the row's last used position."""
+    return Layout(
+        pool=pool,
+        write_at=torch.tensor([start + used - 1 for used, start in segments], device="cuda"),
+        cu_q=torch.arange(len(segments) + 1, dtype=torch.int32, device="cuda"),
+        starts=torch.tensor([s for _, s in segments] + [0], dtype=torch.int32, device="cuda"),
+        used=torch.tensor([u for u, _ in segments], dtype=torch.int32, device="cuda"),
+        max_q=1,
+        max_k=pool.positions,
+        **kw,
+    )
+
+
 @pytest.mark.parametrize(
     "rows",
     [
@@ -51,9 +77,7 @@ def test_pool_attention_on_cuda_matches_the_row_by_row_float32_attention(rows):
     grouped heads 4:1: FlashAttention-2 with seqused_k in bf16 against SDPA in float32; also a
     decode step alone (one query a row, where the kernel groups the query heads of a KV head)."""
     torch.manual_seed(0)
-    cfg = SimpleNamespace(
-        num_hidden_layers=1, num_key_value_heads=2, head_dim=64, hidden_size=512, num_attention_heads=8
-    )
+    cfg = one_layer(8, 2, 64)
     # rows: (queries, used, start)
     n = sum(r[0] for r in rows)
     bf = KVPool(cfg, 4096, "cuda", torch.bfloat16)
@@ -97,13 +121,7 @@ def test_split_decode_attention_matches_the_row_by_row_float32_attention(splits,
     whose used keys end inside, at and past a 64-key block, and rows shorter than the splits,
     against SDPA in float32; the keys the step writes land where the layout says."""
     torch.manual_seed(splits)
-    cfg = SimpleNamespace(
-        num_hidden_layers=1,
-        num_key_value_heads=kv_heads,
-        head_dim=dim,
-        hidden_size=heads * dim,
-        num_attention_heads=heads,
-    )
+    cfg = one_layer(heads, kv_heads, dim)
     rows = [(1, 0), (63, 10), (64, 100), (65, 300), (777, 400), (2000, 1200), (129, 3300), (5, 3500)]
     bf = KVPool(cfg, 4096, "cuda", torch.bfloat16)
     bf.kv.normal_()
@@ -113,17 +131,7 @@ def test_split_decode_attention_matches_the_row_by_row_float32_attention(splits,
     write = [start + used - 1 for used, start in rows]
 
     def layout(pool, host_rows, n_splits):
-        return Layout(
-            pool=pool,
-            write_at=torch.tensor(write, device="cuda"),
-            cu_q=torch.arange(len(rows) + 1, dtype=torch.int32, device="cuda"),
-            starts=torch.tensor([s for _, s in rows] + [0], dtype=torch.int32, device="cuda"),
-            used=torch.tensor([u for u, _ in rows], dtype=torch.int32, device="cuda"),
-            max_q=1,
-            max_k=4096,
-            rows=host_rows,
-            splits=n_splits,
-        )
+        return decode_layout(pool, rows, rows=host_rows, splits=n_splits)
 
     module = SimpleNamespace(layer_idx=0)
     out, _ = pool_attention(module, q, k, v, None, scaling=dim**-0.5, atlas_kv=layout(bf, None, splits))
@@ -145,13 +153,7 @@ def test_rows_of_a_prefix_group_read_the_leaders_keys_in_bf16():
 
     torch.manual_seed(0)
     heads, kv_heads, dim = 16, 8, 128
-    cfg = SimpleNamespace(
-        num_hidden_layers=1,
-        num_key_value_heads=kv_heads,
-        head_dim=dim,
-        hidden_size=heads * dim,
-        num_attention_heads=heads,
-    )
+    cfg = one_layer(heads, kv_heads, dim)
     rows = [(430, 0), (494, 500), (431, 1000), (5, 1500), (2000, 1600), (1500, 3700), (65, 5300)]
     groups = [(1, [0, 2], 430), (4, [5], 1400)]  # (leader, other members, pre)
     bf = KVPool(cfg, 6000, "cuda", torch.bfloat16)
@@ -160,7 +162,6 @@ def test_rows_of_a_prefix_group_read_the_leaders_keys_in_bf16():
     fp.kv.copy_(bf.kv)
     q = torch.randn(1, heads, len(rows), dim, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, kv_heads, len(rows), dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    write = [start + used - 1 for used, start in rows]
     pre = [0] * len(rows)
     at = [start for _, start in rows]
     members = torch.full((len(rows), members_per_tile(heads, kv_heads)), -1, dtype=torch.int32)
@@ -169,21 +170,10 @@ def test_rows_of_a_prefix_group_read_the_leaders_keys_in_bf16():
         for i in [lead, *others]:
             pre[i], at[i] = n, rows[lead][1]
 
-    def layout(pool, **kw):
-        return Layout(
-            pool=pool,
-            write_at=torch.tensor(write, device="cuda"),
-            cu_q=torch.arange(len(rows) + 1, dtype=torch.int32, device="cuda"),
-            starts=torch.tensor([s for _, s in rows] + [0], dtype=torch.int32, device="cuda"),
-            used=torch.tensor([u for u, _ in rows], dtype=torch.int32, device="cuda"),
-            max_q=1,
-            max_k=6000,
-            **kw,
-        )
-
     module = SimpleNamespace(layer_idx=0)
-    shared = layout(
+    shared = decode_layout(
         bf,
+        rows,
         splits=2,
         pre=torch.tensor(pre, dtype=torch.int32, device="cuda"),
         members=members.cuda(),
@@ -192,7 +182,13 @@ def test_rows_of_a_prefix_group_read_the_leaders_keys_in_bf16():
     out, _ = pool_attention(module, q, k, v, None, scaling=dim**-0.5, atlas_kv=shared)
     bounds = [(i, i + 1, start, used, at[i], pre[i]) for i, (used, start) in enumerate(rows)]
     ref, _ = pool_attention(
-        module, q.float(), k.float(), v.float(), None, scaling=dim**-0.5, atlas_kv=layout(fp, rows=bounds)
+        module,
+        q.float(),
+        k.float(),
+        v.float(),
+        None,
+        scaling=dim**-0.5,
+        atlas_kv=decode_layout(fp, rows, rows=bounds),
     )
     assert (out.float() - ref).abs().max().item() < 2e-2
 

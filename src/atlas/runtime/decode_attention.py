@@ -87,6 +87,55 @@ def members_per_tile(heads: int, kv_heads: int) -> int:
 if triton is not None:
 
     @triton.jit
+    def _attend(
+        q,
+        K,
+        V,
+        base,
+        n,
+        parts,
+        s,
+        kh,
+        scale,
+        stride_kp,
+        stride_kh,
+        BLOCK_H: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        D: tl.constexpr,
+    ):
+        """Split s of `parts` of the n keys at pool positions base.. for KV head kh: the query tile
+        q's running maximum, sum and unnormalised output (online softmax, float32)."""
+        chunk = tl.cdiv(tl.cdiv(n, parts), BLOCK_N) * BLOCK_N
+        lo = s * chunk
+        hi = tl.minimum(lo + chunk, n)
+        d = tl.arange(0, D)
+        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, D], tl.float32)
+        for j in range(lo, hi, BLOCK_N):
+            keys = j + tl.arange(0, BLOCK_N)
+            kmask = keys < hi
+            at = (base + keys)[:, None] * stride_kp + kh * stride_kh + d[None, :]
+            k = tl.load(K + at, mask=kmask[:, None], other=0.0)
+            v = tl.load(V + at, mask=kmask[:, None], other=0.0)
+            qk = tl.dot(q, tl.trans(k)) * scale
+            qk = tl.where(kmask[None, :], qk, float("-inf"))
+            new = tl.maximum(m, tl.max(qk, 1))
+            alpha = tl.exp(m - new)
+            p = tl.exp(qk - new[:, None])
+            total = total * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = new
+        return m, total, acc
+
+    @triton.jit
+    def _merge(m, total, acc):
+        """One query head's output from its splits' maxima, sums and unnormalised outputs."""
+        top = tl.max(m, 0)
+        w = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)  # an empty split weighs nothing
+        return tl.sum(acc * w[:, None], 0) / tl.sum(total * w, 0)
+
+    @triton.jit
     def _split_kernel(
         Q,
         K,
@@ -115,9 +164,6 @@ if triton is not None:
         s = tl.program_id(2)
         start = tl.load(Starts + r).to(tl.int64)
         n = tl.load(Used + r)
-        chunk = tl.cdiv(tl.cdiv(n, S), BLOCK_N) * BLOCK_N
-        lo = s * chunk
-        hi = tl.minimum(lo + chunk, n)
         heads = tl.arange(0, BLOCK_H)
         d = tl.arange(0, D)
         hmask = heads < G
@@ -126,23 +172,7 @@ if triton is not None:
             mask=hmask[:, None],
             other=0.0,
         )
-        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, D], tl.float32)
-        for j in range(lo, hi, BLOCK_N):
-            keys = j + tl.arange(0, BLOCK_N)
-            kmask = keys < hi
-            at = (start + keys)[:, None] * stride_kp + kh * stride_kh + d[None, :]
-            k = tl.load(K + at, mask=kmask[:, None], other=0.0)
-            v = tl.load(V + at, mask=kmask[:, None], other=0.0)
-            qk = tl.dot(q, tl.trans(k)) * scale
-            qk = tl.where(kmask[None, :], qk, float("-inf"))
-            new = tl.maximum(m, tl.max(qk, 1))
-            alpha = tl.exp(m - new)
-            p = tl.exp(qk - new[:, None])
-            total = total * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = new
+        m, total, acc = _attend(q, K, V, start, n, S, s, kh, scale, stride_kp, stride_kh, BLOCK_H, BLOCK_N, D)
         qh = kh * G + heads
         if S == 1:  # one split: the output itself
             out = acc / total[:, None]
@@ -173,12 +203,9 @@ if triton is not None:
         s = tl.arange(0, S)
         d = tl.arange(0, D)
         at = (r * HQ + h) * S + s
-        m = tl.load(Stats + at * 2)
-        total = tl.load(Stats + at * 2 + 1)
-        top = tl.max(m, 0)
-        w = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)  # an empty split weighs nothing
-        acc = tl.load(Acc + at[:, None] * D + d[None, :])
-        out = tl.sum(acc * w[:, None], 0) / tl.sum(total * w, 0)
+        out = _merge(
+            tl.load(Stats + at * 2), tl.load(Stats + at * 2 + 1), tl.load(Acc + at[:, None] * D + d[None, :])
+        )
         tl.store(Out + r * stride_or + h * stride_oh + d, out.to(Out.dtype.element_ty))
 
     @triton.jit
@@ -231,26 +258,9 @@ if triton is not None:
             mask=live[:, None],
             other=0.0,
         )
-        chunk = tl.cdiv(tl.cdiv(n, parts), BLOCK_N) * BLOCK_N
-        lo = s * chunk
-        hi = tl.minimum(lo + chunk, n)
-        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, D], tl.float32)
-        for j in range(lo, hi, BLOCK_N):
-            keys = j + tl.arange(0, BLOCK_N)
-            kmask = keys < hi
-            at = (base + keys)[:, None] * stride_kp + kh * stride_kh + d[None, :]
-            k = tl.load(K + at, mask=kmask[:, None], other=0.0)
-            v = tl.load(V + at, mask=kmask[:, None], other=0.0)
-            qk = tl.dot(q, tl.trans(k)) * scale
-            qk = tl.where(kmask[None, :], qk, float("-inf"))
-            new = tl.maximum(m, tl.max(qk, 1))
-            alpha = tl.exp(m - new)
-            pr = tl.exp(qk - new[:, None])
-            total = total * alpha + tl.sum(pr, 1)
-            acc = acc * alpha[:, None] + tl.dot(pr.to(v.dtype), v)
-            m = new
+        m, total, acc = _attend(
+            q, K, V, base, n, parts, s, kh, scale, stride_kp, stride_kh, BLOCK_H, BLOCK_N, D
+        )
         slot = (row.to(tl.int64) * HQ + qh) * SLOTS + p
         tl.store(Acc + slot[:, None] * D + d[None, :], acc, mask=live[:, None])
         tl.store(Stats + slot * 2, m, mask=live)
@@ -277,12 +287,11 @@ if triton is not None:
         # the prefix's slots count only for a row in a group (their leader wrote them)
         ok = (s < S) | ((s < S + SP) & (tl.load(Pre + r) > 0))
         at = (r * HQ + h) * SLOTS + s
-        m = tl.load(Stats + at * 2, mask=ok, other=float("-inf"))
-        total = tl.load(Stats + at * 2 + 1, mask=ok, other=0.0)
-        top = tl.max(m, 0)
-        w = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)  # an empty split weighs nothing
-        acc = tl.load(Acc + at[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
-        out = tl.sum(acc * w[:, None], 0) / tl.sum(total * w, 0)
+        out = _merge(
+            tl.load(Stats + at * 2, mask=ok, other=float("-inf")),
+            tl.load(Stats + at * 2 + 1, mask=ok, other=0.0),
+            tl.load(Acc + at[:, None] * D + d[None, :], mask=ok[:, None], other=0.0),
+        )
         tl.store(Out + r * stride_or + h * stride_oh + d, out.to(Out.dtype.element_ty))
 
 

@@ -494,10 +494,11 @@ class StaticEngine:
 
     def _prefill(
         self, prompts: Sequence[Sequence[int]], starts: np.ndarray, kept: np.ndarray
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, list[list[int]]]:
         """Every prompt's tokens past its first `kept` (already in its segment), packed; a prompt
         asked by several rows with nothing kept is computed once and its keys and values written
-        to each of those rows' segments. Returns the logits after each row's prompt, [rows, vocab]."""
+        to each of those rows' segments. Returns the logits after each row's prompt, [rows, vocab],
+        and the rows of each prompt so computed once (their segments hold the same keys)."""
         dev = self.device
         items: dict[tuple, list[int]] = {}  # (prompt, kept, row if kept) -> the rows it serves
         for i, p in enumerate(prompts):
@@ -547,7 +548,8 @@ class StaticEngine:
             positions = to_device(np.concatenate([np.arange(k, len(p)) for p, k, _ in batch]), dev)
             outs.append(self._forward(ids, positions, layout, keep=to_device(cu[1:] - 1, dev)))
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return out.index_select(0, to_device(serves, dev))
+        shared = [rows for (_, k, _), rows in items.items() if not k and len(rows) > 1]
+        return out.index_select(0, to_device(serves, dev)), shared
 
     def _reuse(
         self, requests: Sequence[GenerationRequest], starts: np.ndarray
@@ -580,22 +582,17 @@ class StaticEngine:
         return kept, groups
 
     def _prefix_groups(
-        self, requests: Sequence[GenerationRequest], kept: np.ndarray, groups: list
+        self, requests: Sequence[GenerationRequest], shared: list[list[int]], groups: list
     ) -> list[tuple[int, int] | None]:
-        """Each request's prefix group (id, prefix length): a prompt that several requests of an
-        admission ask with nothing kept is computed once and copied to every one's segment
-        (`_prefill`), so those requests share its keys bit for bit, a new group; a request that
-        reuses a grouped conversation's keys stays in its group (`groups`, from `_reuse`)."""
-        asked: dict[tuple, list[int]] = {}
-        for i, r in enumerate(requests):
-            if not kept[i]:
-                asked.setdefault(tuple(r.prompt_ids), []).append(i)
+        """Each request's prefix group (id, prefix length): the requests of a prompt that the
+        prefill computed once and copied to every one's segment (`shared`) hold its keys bit for
+        bit, a new group; a request that reuses a grouped conversation's keys stays in its group
+        (`groups`, from `_reuse`)."""
         out = list(groups)
-        for prompt, rows in asked.items():
-            if len(rows) > 1:
-                for i in rows:
-                    out[i] = (self._groups, len(prompt))
-                self._groups += 1
+        for rows in shared:
+            for i in rows:
+                out[i] = (self._groups, len(requests[i].prompt_ids))
+            self._groups += 1
         return out
 
     # -- generation ---------------------------------------------------------------------------
@@ -826,8 +823,8 @@ class _Run:
         starts = np.array([start for _, _, start, _ in picked], dtype=np.int64)
         ev0 = self.event()
         kept, groups = e._reuse(requests, starts)
-        groups = e._prefix_groups(requests, kept, groups)
-        first = e._prefill([r.prompt_ids for r in requests], starts, kept)
+        first, shared = e._prefill([r.prompt_ids for r in requests], starts, kept)
+        groups = e._prefix_groups(requests, shared, groups)
         rows = len(self.active) + len(picked)
         if self.rb is None or rows > self.rb.rows:
             self.rebucket(bucket(rows, e.min_batch))
