@@ -6,8 +6,10 @@ CallGrammars on the tiny model's tokenizer (banned ids, the bound check, caching
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
+import torch
 import xgrammar as xgr
 
 from atlas.config.base import ConfigError
@@ -48,11 +50,70 @@ def test_the_arguments_grammar_is_spelled_exactly():
     assert arguments_ebnf(TOOLS["submit"].schema) == (
         r'root ::= "{" "\"answer\":" ("\"A\"" | "\"B\"" | "\"C\"" | "\"D\"") "}"'
     )
-    assert arguments_ebnf(TOOLS["python"].schema) == (
-        r'root ::= "{" "\"code\":\"" [ !#-\[\]-~]{0,4} ("\\" (["\\/nt] | "u" ([0-9a-cA-Ce-fE-F] '
-        r'[0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] '
-        r'[c-fC-F] [0-9a-fA-F]{2})) [ !#-\[\]-~]{0,4}){0,1} "\"" "}"'
+    hex2, hex3 = " ".join(["[0-9a-fA-F]"] * 2), " ".join(["[0-9a-fA-F]"] * 3)
+    assert arguments_ebnf(TOOLS["python"].schema).splitlines() == [
+        r'root ::= "{" "\"code\":\"" run_4 escaped_4{0,1} "\"" "}"',
+        r'escaped_4 ::= ("\\" ["\\/nt] run_4 | "\\u" [0-9a-cA-Ce-fE-F] ' + hex3 + " run_4"
+        r' | "\\u" [dD] [0-7] '
+        + hex2
+        + r' run_4 | "\\u" [dD] [89abAB] '
+        + hex2
+        + r' "\\u" [dD] [c-fC-F] '
+        + hex2
+        + r' run_4) (= ["\\])',
+        r'run_4 ::= ("" | [ !#-\[\]-~] run_3) (= ["\\])',
+        r'run_3 ::= ("" | [ !#-\[\]-~] run_2) (= ["\\])',
+        r'run_2 ::= ("" | [ !#-\[\]-~] run_1) (= ["\\])',
+        r'run_1 ::= ("" | [ !#-\[\]-~] run_0) (= ["\\])',
+        'run_0 ::= ""',
+    ]
+
+
+# A code string of runs of at most 3 characters and at most 2 escapes, as plain repeats: the
+# language the chain of rules must admit, token for token.
+REPEATS = (
+    r'root ::= "{" "\"code\":\"" [ !#-\[\]-~]{0,3} ("\\" (["\\/nt] | "u" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3}'
+    r' | [dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] [c-fC-F] [0-9a-fA-F]{2}))'
+    r' [ !#-\[\]-~]{0,3}){0,2} "\"" "}"'
+)
+# Tokens of several bytes that cross where a run, an escape or the string ends: every string of
+# two and three characters over an alphabet that spells runs, escapes, surrogates and the close.
+ALPHABET = 'a d 8 c e 0 u n } " \\'.split(" ")
+MULTI = sorted(
+    {a + b for a in ALPHABET for b in ALPHABET}
+    | {a + b + c for a in ALPHABET for b in ALPHABET for c in ALPHABET}
+)
+MULTI_VOCAB = [bytes([i]) for i in range(256)] + [t.encode() for t in MULTI] + [b""]
+MULTI_EOS = len(MULTI_VOCAB) - 1
+
+
+def test_the_code_string_rules_mask_as_the_plain_repeats_do():
+    """Along random walks of multi-byte tokens, the mask before every token is the same under
+    the chain of rules (with their lookaheads) as under `{0,R}` repeats, and both end together."""
+    info = xgr.TokenizerInfo(
+        MULTI_VOCAB, xgr.VocabType.RAW, vocab_size=len(MULTI_VOCAB), stop_token_ids=[MULTI_EOS]
     )
+    compiler = xgr.GrammarCompiler(info)
+    schema = gpqa_tools(CodeBounds(3, 2))["python"].schema
+    chain, repeats = compiler.compile_grammar(arguments_ebnf(schema)), compiler.compile_grammar(REPEATS)
+    masks = xgr.allocate_token_bitmask(2, len(MULTI_VOCAB))
+    ids = torch.arange(len(MULTI_VOCAB))
+    rng = random.Random(0)
+    escapes = 0
+    for _ in range(100):
+        a, b = xgr.GrammarMatcher(chain), xgr.GrammarMatcher(repeats)
+        text = b""
+        while not a.is_terminated():
+            a.fill_next_token_bitmask(masks, 0)
+            b.fill_next_token_bitmask(masks, 1)
+            assert torch.equal(masks[0], masks[1]), text
+            allowed = torch.nonzero((masks[0, ids // 32] >> (ids % 32)) & 1).flatten().tolist()
+            t = rng.choice(allowed)
+            assert a.accept_token(t) and b.accept_token(t), (text, MULTI_VOCAB[t])
+            text += MULTI_VOCAB[t]
+        assert b.is_terminated(), text
+        escapes += text.count(b"\\u")
+    assert escapes > 20  # the walks went through \\u escapes, not only runs
 
 
 def test_two_properties_are_joined_by_a_comma_in_required_order():

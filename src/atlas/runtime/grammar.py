@@ -10,13 +10,24 @@ lowers a `maxLength` string to `[^"\\\r\n]{0,N}`, which admits raw control chara
 JSON) and no escapes (code needs `\n`), and a bounded repeat of a rule with alternatives (the
 obvious fix) costs ~50 ms per mask. Enums are literal alternatives; a code string is
 
-    "\"" run ("\\" escape run){0,E} "\""    run ::= [ !#-\[\]-~]{0,R}    (printable ASCII)
+    "\"" run_R escaped_R{0,E} "\""                  runs of printable ASCII, at most R characters
+    run_k ::= ("" | [ !#-\[\]-~] run_k-1) (= ["\\])    run_0 ::= ""
+    escaped_R ::= (escape run_R) (= ["\\])
     escape ::= one of \" \\ \/ \n \t, \uXXXX (not a surrogate) or a \uXXXX\uXXXX surrogate pair
 
-with no whitespace anywhere outside strings (~100 us per mask here). Every region is bounded, so
-a generation has a hard token bound (`CompiledCall.token_bound`); the runtime's token cap must
-exceed it, so a call can never be cut off, and the report's whitespace loop inside an unclosed call
-cannot happen.
+with no whitespace anywhere outside strings. It admits what `"\"" [ !#-\[\]-~]{0,R} (escape
+[ !#-\[\]-~]{0,R}){0,E} "\""` admits, in a shape whose masks xgrammar works out when it compiles
+the grammar. A token that runs past the end of a rule is checked against what follows the rule
+at every mask, unless the rule asserts what follows it (a lookahead); near the end of a repeat
+such as `{0,R}`, or right after a backslash, that is most of a 151,936-token vocabulary, 1 to 12 ms
+a row. So a run is a chain of rules, one a character, and an escape is one rule with the run
+after it, its alternatives spelled out flat (a group or a repeat inside it would be a rule of its
+own, with no lookahead); each asserts that a quote or a backslash follows, which holds wherever a
+run ends. Every mask of a code string then takes microseconds (`scripts/bench_grammar.py`).
+
+Every region is bounded, so a generation has a hard token bound (`CompiledCall.token_bound`); the
+runtime's token cap must exceed it, so a call can never be cut off, and the report's whitespace
+loop inside an unclosed call cannot happen.
 """
 
 from __future__ import annotations
@@ -40,13 +51,17 @@ from atlas.config.base import ConfigError
 from atlas.runtime.tools import Tool, call_prefix, token_bound
 
 RUN_CLASS = r"[ !#-\[\]-~]"  # printable ASCII without quote and backslash
-# \uXXXX outside the surrogates D800-DFFF, or a whole surrogate pair (one character beyond the
-# BMP, counted as one escape): a lone surrogate is valid JSON but not valid text, and it would
-# fail the moment the code is written to a file or a parquet column.
+RUN_END = r'(= ["\\])'  # a lookahead: in a code string, a quote or a backslash follows every run
+# The escapes, each with the run after it: \" \\ \/ \n \t; \uXXXX outside the surrogates D800-DFFF;
+# a whole surrogate pair (one character beyond the BMP, counted as one escape). A lone surrogate
+# is valid JSON but not valid text, and it would fail the moment the code is written to a file or
+# a parquet column. Flat sequences of character classes, no group or repeat (module docstring).
 HEX = "[0-9a-fA-F]"
-ESCAPE = (
-    r'"\\" (["\\/nt] | "u" ([0-9a-cA-Ce-fE-F] ' + HEX + "{3} | [dD] [0-7] " + HEX + "{2}"
-    r" | [dD] [89abAB] " + HEX + r'{2} "\\u" [dD] [c-fC-F] ' + HEX + "{2}))"
+ESCAPES = (
+    r'"\\" ["\\/nt]',
+    r'"\\u" [0-9a-cA-Ce-fE-F] ' + " ".join([HEX] * 3),
+    r'"\\u" [dD] [0-7] ' + " ".join([HEX] * 2),
+    r'"\\u" [dD] [89abAB] ' + " ".join([HEX] * 2) + r' "\\u" [dD] [c-fC-F] ' + " ".join([HEX] * 2),
 )
 
 
@@ -61,7 +76,7 @@ def arguments_ebnf(schema: dict) -> str:
     a bounded string, written in `required` order with no whitespace."""
     if schema.get("type") != "object" or schema.get("additionalProperties") is not False:
         raise ValueError("tool schemas must be closed objects (additionalProperties: false)")
-    parts = []
+    parts, runs = [], set()
     for i, key in enumerate(schema["required"]):
         prop = schema["properties"][key]
         if prop.get("type") != "string":
@@ -72,16 +87,30 @@ def arguments_ebnf(schema: dict) -> str:
             parts += [_ebnf_literal(prefix), f"({options})"]
         elif "x-atlas-max-run" in prop:
             run, escapes = int(prop["x-atlas-max-run"]), int(prop["x-atlas-max-escapes"])
-            runs = f"{RUN_CLASS}{{0,{run}}}"
+            runs.add(run)
             parts += [
                 _ebnf_literal(prefix + '"'),
-                runs,
-                f"({ESCAPE} {runs}){{0,{escapes}}}",
+                f"run_{run}",
+                f"escaped_{run}{{0,{escapes}}}",
                 _ebnf_literal('"'),
             ]
         else:
             raise ValueError(f"property {key!r}: strings must be an enum or a bounded code string")
-    return "root ::= " + " ".join([_ebnf_literal("{"), *parts, _ebnf_literal("}")])
+    root = "root ::= " + " ".join([_ebnf_literal("{"), *parts, _ebnf_literal("}")])
+    return "\n".join([root, *code_string_rules(runs)])
+
+
+def code_string_rules(runs: set[int]) -> list[str]:
+    """The rules a code string with runs of at most R characters, R in `runs`, refers to:
+    escaped_R (an escape and the run after it) and run_0 .. run_R (run_k: up to k characters)."""
+    if not runs:
+        return []
+    escaped = [
+        f"escaped_{r} ::= (" + " | ".join(f"{e} run_{r}" for e in ESCAPES) + f") {RUN_END}"
+        for r in sorted(runs)
+    ]
+    chain = [f'run_{k} ::= ("" | {RUN_CLASS} run_{k - 1}) {RUN_END}' for k in range(max(runs), 0, -1)]
+    return [*escaped, *chain, 'run_0 ::= ""']
 
 
 def structural_tag(
@@ -89,11 +118,13 @@ def structural_tag(
     max_text_tokens: int,
     call_open: int | str = CALL_OPEN,
     call_close: int | str = CALL_CLOSE,
+    arguments=arguments_ebnf,
 ) -> tuple[StructuralTag, int]:
-    """The structural tag for one tool set, and the hard token bound of a generation under it."""
+    """The structural tag for one tool set, and the hard token bound of a generation under it
+    (`arguments`: a tool schema's grammar; a benchmark hands it another spelling)."""
     calls = []
     for name, tool in sorted(tools.items()):
-        ebnf = arguments_ebnf(tool.schema)
+        ebnf = arguments(tool.schema)
         prefix = call_prefix(name)
         calls.append(
             SequenceFormat(
