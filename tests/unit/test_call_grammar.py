@@ -113,7 +113,7 @@ def test_the_code_string_rules_mask_as_the_plain_repeats_do():
             text += MULTI_VOCAB[t]
         assert b.is_terminated(), text
         escapes += text.count(b"\\u")
-    assert escapes > 20  # the walks went through \\u escapes, not only runs
+    assert escapes > 20  # the walks went through \u escapes, not only runs
 
 
 def test_two_properties_are_joined_by_a_comma_in_required_order():
