@@ -56,10 +56,24 @@ LONGEST_FIRST = (
     "test_resume_recovery.py",
     "test_slurm.py",
     "test_regrade.py",
+    "test_drill.py",
     "test_snakemake_report.py",
     "test_pipeline.py",
-    "test_integrity_rerun.py",
     "test_checks.py",
+    "test_integrity_rerun.py",
+)
+
+# The modules that need no run and spend their time waiting (on sandboxes' timeouts and
+# deadlines, a killed process's end) rather than computing, first among those: they run beside
+# the pipeline run, whose jobs use the core they leave, not after it, where nothing would.
+WAITING_FIRST = (
+    "test_sandbox_run.py",
+    "test_graders.py",
+    "test_sandbox_isolation.py",
+    "test_execute.py",
+    "test_lcb_verdicts.py",
+    "test_recovery.py",
+    "test_sandbox_attacks.py",
 )
 
 
@@ -67,8 +81,8 @@ def pytest_collection_modifyitems(items) -> None:
     """Mark each test with its folder (the markers in pyproject.toml), and order the modules so
     that two processes (pytest-xdist, a module to a worker) overlap the pipeline run with the
     tests that do not wait for it: first one module that reads the run (its worker starts the
-    run), then every module that needs no run, then the rest, the longest (LONGEST_FIRST) first.
-    The order within a module is kept."""
+    run), then every module that needs no run (those that mostly wait, WAITING_FIRST, first),
+    then the rest, the longest (LONGEST_FIRST) first. The order within a module is kept."""
     for item in items:
         folder = item.path.parent.name
         if folder in FOLDERS:
@@ -77,11 +91,13 @@ def pytest_collection_modifyitems(items) -> None:
     first = next((item.path for item in items if item.path in reads_run), None)
     rank = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
     heavy = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    waiting = {name: i for i, name in enumerate(WAITING_FIRST)}
     items.sort(
         key=lambda item: (
             item.path != first,
             item.path in reads_run,
             heavy.get(item.path.name, len(heavy)),
+            waiting.get(item.path.name, len(waiting)),
             rank[item.path],
         )
     )

@@ -31,7 +31,7 @@ QUESTIONS = [
 ]
 
 
-def test_mean_reward_rises_within_eight_cpu_steps(tiny_model):
+def test_mean_reward_rises_within_seven_cpu_steps(tiny_model):
     tok = AutoTokenizer.from_pretrained(tiny_model)
     samples = 8
     training = TrainingConfig(responses_per_question=samples, lora_rank=8, lora_alpha=16)
@@ -42,7 +42,7 @@ def test_mean_reward_rises_within_eight_cpu_steps(tiny_model):
     opts = make_optimizers(ac, ppo)
     zero = make_potential("zero")
     means, gaps = [], []
-    for step in range(8):
+    for step in range(7):
         specs = [EpisodeSpec(q, [], k) for q in QUESTIONS for k in range(samples)]
         episodes = run_episodes(
             rt, specs, RUNTIME, GraderConfig(), run="learn", step=step, phase="train", seed=0
@@ -53,7 +53,7 @@ def test_mean_reward_rises_within_eight_cpu_steps(tiny_model):
         metrics = ppo_update(ac, batch, opts, ppo)
         gaps.append(metrics["rollout/logprob_gap_max"])
     assert means[0] <= 0.5, means  # a random policy picks A about a quarter of the time
-    assert sum(means[-3:]) / 3 >= 0.65, means  # seen: 0.25 0.38 0.38 0.44 0.75 0.75 0.81 0.69
+    assert sum(means[-3:]) / 3 >= 0.65, means  # seen: 0.25 0.38 0.38 0.44 0.75 0.75 0.81
     assert max(gaps) < 1e-4, gaps  # old log-probs under replayed masks = rollout log-probs
     assert all(torch.equal(p, base_before[n]) for n, p in ac.base_parameters())  # base never moves
 
