@@ -22,7 +22,7 @@ here (about 20 s).
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -33,34 +33,22 @@ from transformers import AutoTokenizer
 
 from atlas.config.study import merged, parse_config, read_yaml
 from atlas.hashing import atomic_write_json
-from atlas.runtime.grammar import ESCAPES, RUN_CLASS, CallGrammars, structural_tag
+from atlas.runtime.grammar import ESCAPES, RUN_CLASS, CallGrammars, arguments_ebnf, structural_tag
 from atlas.runtime.tools import CodeBounds, gpqa_tools, lcb_tools
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def repeats(schema: dict) -> str:
-    """The arguments grammar with `{0,R}` runs and one grouped escape: the plain spelling."""
-    escape = '"\\\\" (' + " | ".join(f"({e.split(' ', 1)[1]})" for e in ESCAPES[:1]) + " | "
-    escape += '"u" (' + " | ".join(e.split(" ", 1)[1] for e in ESCAPES[1:]) + "))"
-    parts = []
-    for i, key in enumerate(schema["required"]):
-        prop = schema["properties"][key]
-        prefix = ("," if i else "") + json.dumps(key) + ":"
-        if "enum" in prop:
-            parts += [
-                json.dumps(prefix),
-                "(" + " | ".join(json.dumps(json.dumps(v)) for v in prop["enum"]) + ")",
-            ]
-        else:
-            run = f"{RUN_CLASS}{{0,{prop['x-atlas-max-run']}}}"
-            parts += [
-                json.dumps(prefix + '"'),
-                run,
-                f"({escape} {run}){{0,{prop['x-atlas-max-escapes']}}}",
-                '"\\""',
-            ]
-    return "root ::= " + " ".join(['"{"', *parts, '"}"'])
+    """The arguments grammar with `{0,R}` runs and one grouped escape: the plain spelling, made
+    from the runtime's root rule by writing each run and escaped run out as repeats."""
+    escape = '"\\\\" (' + ESCAPES[0].split(" ", 1)[1] + ' | "u" ('
+    escape += " | ".join(e.split(" ", 1)[1] for e in ESCAPES[1:]) + "))"
+    root = arguments_ebnf(schema).splitlines()[0]
+    root = re.sub(
+        r"escaped_(\d+)\{0,(\d+)\}", lambda m: f"({escape} {RUN_CLASS}{{0,{m[1]}}}){{0,{m[2]}}}", root
+    )
+    return re.sub(r"\brun_(\d+)", lambda m: f"{RUN_CLASS}{{0,{m[1]}}}", root)
 
 
 def walk(grammars: dict, rows: int, vocab: int, seed: int, threads: int) -> dict:
