@@ -4,6 +4,8 @@ Skips without CUDA (CI has none)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -318,3 +320,35 @@ def test_liger_kernels_in_the_served_model_keep_its_log_probs(tiny_model):
     a, b = rt.engine.generate(requests), fused_rt.engine.generate(requests)
     assert fused_rt.engine.captures >= 4
     assert_close_in_bf16(a, b)
+
+
+def test_the_fused_kernels_compute_their_torch_spelling_in_half_precision():
+    from unit.test_fused_qwen3 import check_kernels
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))
+    check_kernels("cuda", {"bfloat16": 1e-2, "float16": 1e-3, "float32": 1e-6}, env)
+
+
+def test_the_fused_forward_generates_as_transformers_forward_does_when_captured(tiny_model):
+    """On CUDA the engine runs the fused forward by default: captured, against transformers'
+    forward captured (bf16, other kernels), and against its own eager self (the same kernels)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
+    rt = make_runtime(model, AutoTokenizer.from_pretrained(tiny_model), RuntimeConfig())
+    fast = rt.engine
+    assert fast.fused is not None and fast.graphs
+    banned = rt.grammars.banned_token_ids
+    plain = StaticEngine(model, fast.vocab_size, fast.stop_token_ids, banned_token_ids=banned, fused=False)
+    eager = StaticEngine(
+        model, fast.vocab_size, fast.stop_token_ids, banned_token_ids=banned, graphs=False, compile=False
+    )
+    assert plain.fused is None and eager.fused is not None
+    requests = [
+        GenerationRequest(q.prompt_ids, q.grammar, q.max_new_tokens, seed=100 * k + j)
+        for j, q in enumerate(requests_for(rt, 6))
+        for k in range(2)
+    ]
+    a = fast.generate(requests)
+    assert_close_in_bf16(plain.generate(requests), a)
+    assert sum(x.token_ids == y.token_ids for x, y in zip(a, eager.generate(requests), strict=True)) >= 11
+    assert fast.last_timing["graphs"] >= 4

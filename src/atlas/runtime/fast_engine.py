@@ -74,8 +74,9 @@ import xgrammar as xgr
 
 from atlas.model.liger import liger_rope
 from atlas.runtime import decode_attention as split_attention
-from atlas.runtime import kv_pool
+from atlas.runtime import fused_qwen3, kv_pool
 from atlas.runtime.engine import Feed, Generation, GenerationRequest, ListFeed, OnFinish
+from atlas.runtime.fused_qwen3 import FusedQwen3
 from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout, Segments, to_device
 from atlas.runtime.sampling import draw, seed_key, step_keys
 from atlas.stage import GPU_MEMORY_ENV
@@ -195,6 +196,7 @@ class StaticEngine:
         decode_attention: str | None = None,
         share_prefixes: bool = True,
         share_min_rows: int = SHARE_MIN_ROWS,
+        fused: bool | None = None,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -235,6 +237,14 @@ class StaticEngine:
                 f"with Triton (got {self.device}, {self.dtype})"
             )
         self.decode_attention = decode_attention
+        # a plain Qwen3 model runs atlas.runtime.fused_qwen3's forward: by default where its
+        # Triton kernels run (CUDA), and on request elsewhere in its torch spelling (the tests)
+        why = FusedQwen3.supports(model)
+        if fused is None:
+            fused = why is None and self.flash and fused_qwen3.kernels(self.device)
+        if fused and why:
+            raise ValueError(f"fused=True: {why}")
+        self.fused = FusedQwen3(model, fused_qwen3.kernels(self.device)) if fused else None
         # rows that share a prompt (a question's samples, and their later turns) read its keys
         # once a step, through their group's leader (decode_attention's shared prefixes); off,
         # each row reads its own copy. Set both before the first serve: a captured step keeps the
@@ -411,6 +421,8 @@ class StaticEngine:
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, layout: Layout, keep) -> torch.Tensor:
         """The model over one packed row of tokens; logits of the kept positions, [K, vocab]."""
+        if self.fused is not None:
+            return self.fused.forward(ids, positions, layout, keep)
         out = self.model(
             input_ids=ids[None],
             position_ids=positions[None],

@@ -145,13 +145,20 @@ def pool_attention(
     if lay.copy_src is not None:
         keys.index_copy_(0, lay.copy_dst, k.index_select(0, lay.copy_src))
         values.index_copy_(0, lay.copy_dst, v.index_select(0, lay.copy_src))
+    return attend(q, keys, values, lay, scale).unsqueeze(0), None
+
+
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lay: Layout, scale: float
+) -> torch.Tensor:
+    """Each row's queries (q [N, Hq, D], the forward's packed tokens) over its used keys in one
+    layer's pool (keys, values [positions, Hkv, D], already written) -> [N, Hq, D]."""
     if lay.splits is not None:  # a decode step, split along the keys
-        out = decode_attention(
+        return decode_attention(
             q, keys, values, lay.starts, lay.used, scale, lay.splits, lay.pre, lay.members, lay.prefix_splits
         )
-        return out.unsqueeze(0), None
     if lay.rows is None:  # FlashAttention-2 (CUDA, half precision; and the meta device of the tests)
-        out = torch.ops.aten._flash_attention_forward(
+        return torch.ops.aten._flash_attention_forward(
             q.contiguous(),
             keys,
             values,
@@ -165,7 +172,6 @@ def pool_attention(
             scale=scale,
             seqused_k=lay.used,
         )[0]
-        return out.unsqueeze(0), None
     outs = []
     for q0, q1, start, used, *shared in lay.rows:
         n = q1 - q0
@@ -181,7 +187,7 @@ def pool_attention(
         outs.append(
             F.scaled_dot_product_attention(qs, ks, vs, attn_mask=causal, scale=scale, enable_gqa=True)
         )
-    return torch.cat(outs, dim=1).transpose(0, 1).unsqueeze(0), None
+    return torch.cat(outs, dim=1).transpose(0, 1)
 
 
 def _no_mask(*args, **kwargs):
