@@ -37,7 +37,8 @@ episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the sc
 `--decode-attention flash` runs the engines' decode steps through FlashAttention-2 instead of
 the split kernel (atlas.runtime.decode_attention; scripts/bench_attention.py times the two alone).
 `--no-shared-prefixes` has every row read its own copy of its prompt's keys instead of its prefix
-group's once (the split kernel's shared prefixes).
+group's once (the split kernel's shared prefixes). `--no-fused` runs transformers' Qwen3 forward
+instead of atlas.runtime.fused_qwen3's.
 
 Prints one table per mode and writes everything as JSON to `--out`.
 """
@@ -150,12 +151,15 @@ class Policy:
 
 def with_attention(rt, args):
     """The runtime with its engine's decode attention set by --decode-attention and
-    --no-shared-prefixes (before any call: a captured step bakes in its kernel)."""
-    if args.decode_attention is not None or args.no_shared_prefixes:
+    --no-shared-prefixes, and its forward by --no-fused (before any call: a captured step bakes
+    in its kernels)."""
+    if args.decode_attention is not None or args.no_shared_prefixes or args.no_fused:
         if getattr(rt.engine, "captures", 0):
             raise RuntimeError(
-                "--decode-attention, --no-shared-prefixes: the engine has captured steps already"
+                "--decode-attention, --no-shared-prefixes, --no-fused: the engine has captured steps already"
             )
+        if args.no_fused:
+            rt.engine.fused = None
         if args.decode_attention is not None:
             rt.engine.decode_attention = args.decode_attention
         if args.no_shared_prefixes:
@@ -402,6 +406,7 @@ def main() -> None:
     p.add_argument(
         "--no-shared-prefixes", action="store_true", help="every row reads its own copy of its prompt's keys"
     )
+    p.add_argument("--no-fused", action="store_true", help="transformers' Qwen3 forward, not the fused one")
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", type=Path, help="profile the last arm's last generation call into this file")
     p.add_argument(
@@ -438,6 +443,7 @@ def main() -> None:
         lora_rank=cfg.training.lora_rank,
         decode_attention=args.decode_attention or "the engine's default",
         shared_prefixes=not args.no_shared_prefixes,
+        fused_forward=not args.no_fused,
         gpu_memory_gb=claim,
     )
     policy = functools.cache(lambda: Policy(base, tokenizer, cfg, device))  # built once, if an arm needs it
