@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from atlas.config.runtime import RuntimeConfig
 from atlas.config.training import TrainingConfig
 from atlas.model.merged import MergedModel
 from atlas.model.policy import ActorCritic
+from atlas.runtime import fused_qwen3
 from atlas.runtime.fast_engine import StaticEngine
 from atlas.runtime.fused_qwen3 import FusedQwen3, fuse_projections
+from atlas.runtime.kv_pool import KVPool
 from atlas.runtime.session import load_runtime
 from unit.test_fast_engine import assert_same_rows, eager_static_engine, requests_for
 
@@ -53,6 +55,25 @@ def test_the_fused_forward_generates_what_transformers_forward_does(runtime):
     qkv = fused.fused.layers[0].qkv
     assert attn.q_proj.weight.data_ptr() == qkv.data_ptr()
     assert attn.k_proj.weight.data_ptr() == qkv[attn.q_proj.weight.shape[0]].data_ptr()
+
+
+def test_the_fused_decode_step_reads_no_tensor_on_the_host(tiny_model, monkeypatch):
+    """As transformers' forward (test_fast_engine): on the meta device, which holds no values, a
+    bucket's decode step and pick run through the fused forward, every layer through the pool."""
+    cfg = AutoConfig.from_pretrained(tiny_model)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    engine = StaticEngine(model, cfg.vocab_size, [0], graphs=False, compile=False, fused=True)
+    engine.pool = KVPool(cfg, 4096, torch.device("meta"), torch.bfloat16)
+    rb = engine._rows(16)
+    calls = []
+    attend = fused_qwen3.attend
+    monkeypatch.setattr(fused_qwen3, "attend", lambda *a: calls.append(1) or attend(*a))
+    with torch.no_grad():
+        engine._decode(rb)
+        engine._pick_into(rb)
+    assert len(calls) == cfg.num_hidden_layers
+    assert rb.logits.shape == (16, cfg.vocab_size) and rb.tok.device.type == "meta"
 
 
 def test_fusing_keeps_the_weights_and_a_second_fuse_copies_nothing():
