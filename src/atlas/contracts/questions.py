@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-LETTERS = "ABCD"  # a GPQA question's options, in the order the prompt shows them
-
 QUESTION_FIELDS = [
     pa.field("question_uid", pa.string(), nullable=False),
     pa.field("source", pa.string(), nullable=False),

@@ -11,8 +11,7 @@ import csv
 import hashlib
 from pathlib import Path
 
-from atlas.contracts.questions import LETTERS
-from atlas.data.schema import DataError, Question, text_sha256
+from atlas.data.schema import LETTERS, DataError, Question, text_sha256
 
 REQUIRED_COLUMNS = (
     "Question",

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 
 from atlas.errors import InputError
 
+LETTERS = "ABCD"  # a GPQA question's options, in the order the prompt shows them
+
 
 class DataError(InputError):
     """Bad input data. The message names the file, the row (or line) and what was expected."""

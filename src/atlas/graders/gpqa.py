@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from atlas.contracts.questions import LETTERS
+from atlas.data.schema import LETTERS
 
 
 def grade_letter(answer: str, correct_letter: str) -> float:

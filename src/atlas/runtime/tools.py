@@ -14,7 +14,7 @@ from typing import Any
 
 from atlas.config.base import ConfigError
 from atlas.config.runtime import RuntimeConfig
-from atlas.contracts.questions import LETTERS
+from atlas.data.schema import LETTERS
 
 
 @dataclass(frozen=True)
