@@ -124,6 +124,21 @@ def test_models_the_fused_forward_cannot_run_are_named(runtime, tiny_model):
     assert StaticEngine(runtime.engine.model, runtime.engine.vocab_size, [0]).fused is None
 
 
+def test_a_request_past_the_models_positions_is_refused_when_it_arrives(runtime):
+    """The fused forward reads cos and sin from a table of max_position_embeddings rows: a request
+    whose prompt and cap reach past it is refused by name, before anything runs."""
+    engine = eager_static_engine(runtime, fused=True)
+    request = requests_for(runtime, 1)[0]
+    size = engine.segment_size(request)
+    engine.fused.positions = size - 1
+    with pytest.raises(
+        RuntimeError, match=f"reaches position {size} .* max_position_embeddings \\({size - 1}\\)"
+    ):
+        engine.generate([request])
+    engine.fused.positions = size
+    assert len(engine.generate([request])[0].token_ids) > 0
+
+
 CHECK = r"""
 import json, os, sys
 device, dtypes = json.loads(sys.argv[1])

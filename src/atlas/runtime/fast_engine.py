@@ -783,6 +783,11 @@ class _Run:
                     f"one request needs {need} key/value positions ({need * e.position_bytes} bytes "
                     f"with the scratch rows), past the engine's cache_bytes ({e.cache_bytes})"
                 )
+            if e.fused is not None and size > e.fused.positions:
+                raise RuntimeError(
+                    f"one request reaches position {size} (its prompt and token cap), past the "
+                    f"model's max_position_embeddings ({e.fused.positions})"
+                )
             self.waiting.append((tag, request, self.step))
         self.more = arrivals.more
 

@@ -250,7 +250,9 @@ class FusedQwen3:
             return "a peft model (its adapters' forward is peft's)"
         if config is None or config.model_type != "qwen3" or not hasattr(model, "lm_head"):
             return f"not a Qwen3 causal LM ({getattr(config, 'model_type', None)!r})"
-        rope = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+        rope = (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}).get(
+            "rope_type", "default"
+        )
         if rope != "default":
             return f"RoPE type {rope!r}"
         if config.attention_bias or config.hidden_act != "silu":
@@ -288,9 +290,11 @@ class FusedQwen3:
                     k_norm=attn.k_norm.weight,
                 )
             )
-        # cos and sin of every position, as transformers' rotary embedding computes them
+        # cos and sin of every position, as transformers' rotary embedding computes them; a
+        # request past them is refused when it arrives (the kernel reads the table unchecked)
         rotary = base.rotary_emb
-        positions = torch.arange(config.max_position_embeddings, device=self.embed.device)
+        self.positions = config.max_position_embeddings
+        positions = torch.arange(self.positions, device=self.embed.device)
         freqs = positions[:, None].float() * rotary.inv_freq.to(device=self.embed.device, dtype=torch.float)
         angles = torch.cat((freqs, freqs), dim=-1)
         self.cos = (angles.cos() * rotary.attention_scaling).to(self.embed.dtype)
