@@ -33,7 +33,9 @@ if [[ $torch == torch==*+cpu ]]; then
 fi
 
 # uv_install PYTHON ARGS...: uv's pip install into the environment of PYTHON, bytecode compiled
-uv_install() { .venv/bin/python -m uv pip install --compile-bytecode --python "$1" "${uv_args[@]}" "${@:2}"; }
+# ($compile: empty where the caller compiles it)
+compile=--compile-bytecode
+uv_install() { .venv/bin/python -m uv pip install $compile --python "$1" "${uv_args[@]}" "${@:2}"; }
 
 # install_env PYTHON EXTRAS: the project with its extras and torch into the environment of PYTHON;
 # where PyTorch's CPU index was asked and is out of reach, PyPI's build of the same version
@@ -65,6 +67,9 @@ install_env .venv/bin/python test${ATLAS_EXTRAS:+,$ATLAS_EXTRAS}
 
 if [[ ${1:-} == verl ]]; then
   .venv/bin/python -m uv venv -q --allow-existing .venv-verl
-  install_env .venv-verl/bin/python test,verl
+  # The bytecode of what the two environments share (torch, numpy, ...: the same files) is
+  # .venv's, linked; only the rest is compiled (scripts/reuse_bytecode.py).
+  compile= install_env .venv-verl/bin/python test,verl
+  .venv-verl/bin/python scripts/reuse_bytecode.py .venv
 fi
 echo "setup: done; activate with: . .venv/bin/activate"
