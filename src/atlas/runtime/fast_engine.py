@@ -13,6 +13,10 @@ atlas.runtime.sampling's seeded Gumbel-max in both engines. What makes it fast o
   prompt plus its token cap, placed first-fit (kv_pool.Segments); attention reads the positions
   a row has filled, not a padded cache's (a decode step through a split-KV Triton kernel,
   atlas.runtime.decode_attention; a prefill through FlashAttention-2);
+- a plain Qwen3 model (the merged serving copy, the base) runs atlas.runtime.fused_qwen3's
+  forward on a GPU: each layer's projections in two matrix products and its norms, RoPE, key and
+  value writes and SwiGLU in three Triton kernels, half the kernels of transformers' layer, which
+  is what a step of few rows and an admission's eager forward cost;
 - the prompts of an admission are one packed forward (a prompt asked by several rows, a question's
   samples, is computed once and its keys and values written to every row's segment), and a
   request that continues a conversation (`cache_key`) reuses what that conversation's last request

@@ -20,6 +20,9 @@ are its last tokens):
 - otherwise (a CPU, float32) row by row with SDPA, from host copies of the rows' bounds
   (`Layout.rows`): the same function, for the tests, and not capturable.
 
+`attend` is that attention alone, over keys already written: atlas.runtime.fused_qwen3's forward,
+which writes them in its RoPE kernel, calls it directly.
+
 A prefill and a decode step are the same forward: a prompt is N tokens of one row, a decode step
 one token of each row. Nothing here reads a tensor's value on the host, so a decode step can be
 captured as a CUDA graph: its shapes depend only on the number of rows, and the layout's tensors
