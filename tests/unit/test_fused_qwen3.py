@@ -59,11 +59,13 @@ def test_the_fused_forward_generates_what_transformers_forward_does(runtime):
 
 def test_the_fused_decode_step_reads_no_tensor_on_the_host(tiny_model, monkeypatch):
     """As transformers' forward (test_fast_engine): on the meta device, which holds no values, a
-    bucket's decode step and pick run through the fused forward, every layer through the pool."""
+    bucket's decode step and pick run through the fused forward, every layer through the pool.
+    The engine's vocabulary is smaller than the model's head (a tokenizer's under a padded head):
+    its logits are the engine's."""
     cfg = AutoConfig.from_pretrained(tiny_model)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    engine = StaticEngine(model, cfg.vocab_size, [0], graphs=False, compile=False, fused=True)
+    engine = StaticEngine(model, cfg.vocab_size - 4, [0], graphs=False, compile=False, fused=True)
     engine.pool = KVPool(cfg, 4096, torch.device("meta"), torch.bfloat16)
     rb = engine._rows(16)
     calls = []
@@ -73,7 +75,7 @@ def test_the_fused_decode_step_reads_no_tensor_on_the_host(tiny_model, monkeypat
         engine._decode(rb)
         engine._pick_into(rb)
     assert len(calls) == cfg.num_hidden_layers
-    assert rb.logits.shape == (16, cfg.vocab_size) and rb.tok.device.type == "meta"
+    assert rb.logits.shape == (16, cfg.vocab_size - 4) and rb.tok.device.type == "meta"
 
 
 def test_fusing_keeps_the_weights_and_a_second_fuse_copies_nothing():
@@ -160,7 +162,7 @@ for name in dtypes:
     b, rb = fq.add_rms_norm(delta, residual, weight, 1e-6)
     c, _ = fq.add_rms_norm_torch(None, kept, weight, 1e-6)
     d, rd = fq.add_rms_norm(None, kept.clone(), weight, 1e-6)
-    # q/k norms, RoPE and the pool's writes: 16 query and 8 KV heads of 32, 6 tokens
+    # q/k norms, RoPE and the pool's writes: 4 query and 2 KV heads of 32, 6 tokens
     hq, hk, dim, n, slots = 4, 2, 32, 6, 40
     qkv, qw, kw = rnd(n, (hq + 2 * hk) * dim), rnd(dim), rnd(dim)
     inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
@@ -220,3 +222,18 @@ def check_kernels(device: str, bounds: dict[str, float], env: dict | None = None
 
 def test_the_triton_kernels_compute_their_torch_spelling():
     check_kernels("cpu", {"float32": 1e-6, "float16": 1e-3}, interpreter_env())
+
+
+def test_weights_replaced_after_fusing_are_named(tiny_model):
+    """Weights replaced after fusing (not refreshed in place) stop the next forward instead of
+    serving stale ones."""
+    rt = load_runtime(tiny_model, RuntimeConfig())
+    requests = requests_for(rt, 2)
+    fused = eager_static_engine(rt, fused=True)
+    assert len(fused.generate(requests)) == 2
+    attn = rt.engine.model.model.layers[1].self_attn
+    attn.k_proj.weight.data = attn.k_proj.weight.data.clone()  # k alone: q_proj still a view
+    assert len(fused.generate(requests)) == 2
+    attn.q_proj.weight.data = attn.q_proj.weight.data.clone()
+    with pytest.raises(RuntimeError, match="weights were replaced after the engine fused them"):
+        fused.generate(requests)

@@ -426,7 +426,7 @@ class StaticEngine:
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, layout: Layout, keep) -> torch.Tensor:
         """The model over one packed row of tokens; logits of the kept positions, [K, vocab]."""
         if self.fused is not None:
-            return self.fused.forward(ids, positions, layout, keep)
+            return self.fused.forward(ids, positions, layout, keep)[:, : self.vocab_size]
         out = self.model(
             input_ids=ids[None],
             position_ids=positions[None],

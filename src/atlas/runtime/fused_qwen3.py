@@ -203,7 +203,12 @@ def silu_mul(gate_up):
 def fuse_projections(linears) -> torch.Tensor:
     """One weight tensor holding these linear layers' weights one after the other ([sum of outs,
     in]); each layer's weight becomes a view of it, with its values. Layers already so fused
-    (their weights adjacent views of one tensor, in this order) are left as they are."""
+    (their weights adjacent views of one tensor, in this order) are left as they are.
+
+    Fusing re-points each Parameter's data: what held the old tensors (a CUDA graph captured
+    over them) no longer sees the model's weights, and a weight that shared its storage with
+    another model's (a merged copy's layer without an adapter shares the base's) becomes a copy,
+    as much memory again."""
     weights = [m.weight for m in linears]
     first = weights[0]
     rows = sum(w.shape[0] for w in weights)
@@ -276,6 +281,7 @@ class FusedQwen3:
         base = model.model
         self.embed, self.norm, self.lm_head = base.embed_tokens.weight, base.norm.weight, model.lm_head.weight
         self.layers = []
+        self._views = []  # (a module's weight, the fused tensor it must stay a view of)
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append(
@@ -290,6 +296,10 @@ class FusedQwen3:
                     k_norm=attn.k_norm.weight,
                 )
             )
+            self._views += [
+                (attn.q_proj.weight, self.layers[-1].qkv),
+                (mlp.gate_proj.weight, self.layers[-1].gate_up),
+            ]
         # cos and sin of every position, as transformers' rotary embedding computes them; a
         # request past them is refused when it arrives (the kernel reads the table unchecked)
         rotary = base.rotary_emb
@@ -306,7 +316,14 @@ class FusedQwen3:
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, lay: Layout, keep) -> torch.Tensor:
         """Logits [K, vocab] (float32) of the kept positions (keep: 0 for all, or their indices)."""
+        for weight, fused in self._views:  # each admission and each capture: a host-side check
+            if weight.data_ptr() != fused.data_ptr():
+                raise RuntimeError(
+                    "the fused forward: the model's weights were replaced after the engine fused them "
+                    "(load_state_dict(assign=True), a move to another device); build a new engine"
+                )
         residual = F.embedding(ids, self.embed)
+        copied = None if lay.copy_src is None else lay.write_at.index_select(0, lay.copy_src)
         delta = None
         n = ids.shape[0]
         for i, layer in enumerate(self.layers):
@@ -316,10 +333,9 @@ class FusedQwen3:
                 F.linear(h, layer.qkv), layer.q_norm, layer.k_norm, self.cos, self.sin,
                 positions, lay.write_at, keys, values, self.heads, self.eps,
             )  # fmt: skip
-            if lay.copy_src is not None:  # a prompt computed once, its keys written to its other rows
-                src = lay.write_at.index_select(0, lay.copy_src)
-                keys.index_copy_(0, lay.copy_dst, keys.index_select(0, src))
-                values.index_copy_(0, lay.copy_dst, values.index_select(0, src))
+            if copied is not None:  # a prompt computed once, its keys written to its other rows
+                keys.index_copy_(0, lay.copy_dst, keys.index_select(0, copied))
+                values.index_copy_(0, lay.copy_dst, values.index_select(0, copied))
             out = attend(q, keys, values, lay, self.scale).reshape(n, -1)
             h, residual = self._norm(F.linear(out, layer.o), residual, layer.norm_post, self.eps)
             delta = F.linear(self._act(F.linear(h, layer.gate_up)), layer.down)
