@@ -78,7 +78,7 @@ import xgrammar as xgr
 
 from atlas.model.liger import liger_rope
 from atlas.runtime import decode_attention as split_attention
-from atlas.runtime import fused_qwen3, kv_pool
+from atlas.runtime import kv_pool
 from atlas.runtime.engine import Feed, Generation, GenerationRequest, ListFeed, OnFinish
 from atlas.runtime.fused_qwen3 import FusedQwen3
 from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout, Segments, to_device
@@ -243,12 +243,13 @@ class StaticEngine:
         self.decode_attention = decode_attention
         # a plain Qwen3 model runs atlas.runtime.fused_qwen3's forward: by default where its
         # Triton kernels run (CUDA), and on request elsewhere in its torch spelling (the tests)
-        why = FusedQwen3.supports(model)
+        # (its kernels run where the decode attention's do)
+        why, kernels = FusedQwen3.supports(model), split_attention.available(self.device)
         if fused is None:
-            fused = why is None and self.flash and fused_qwen3.kernels(self.device)
+            fused = why is None and self.flash and kernels
         if fused and why:
             raise ValueError(f"fused=True: {why}")
-        self.fused = FusedQwen3(model, fused_qwen3.kernels(self.device)) if fused else None
+        self.fused = FusedQwen3(model, kernels) if fused else None
         # rows that share a prompt (a question's samples, and their later turns) read its keys
         # once a step, through their group's leader (decode_attention's shared prefixes); off,
         # each row reads its own copy. Set both before the first serve: a captured step keeps the

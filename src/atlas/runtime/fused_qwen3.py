@@ -31,7 +31,6 @@ window, SiLU, a power-of-two head size.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -44,14 +43,6 @@ try:
     import triton.language as tl
 except ImportError:  # the CPU install: the torch spelling runs
     triton = None
-
-
-def kernels(device: torch.device) -> bool:
-    """Whether the Triton kernels run on `device`: CUDA with Triton, or Triton's interpreter on
-    the CPU (TRITON_INTERPRET=1, the tests)."""
-    if triton is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # -- the torch spelling: transformers' operations, in its order ---------------------------------
@@ -244,8 +235,8 @@ class _Layer:
 
 class FusedQwen3:
     """`forward(ids, positions, layout, keep)`: the engine's packed forward (StaticEngine._forward)
-    over a Qwen3 causal LM's weights, through the Triton kernels where they run (`triton_kernels`)
-    or their torch spelling."""
+    over a Qwen3 causal LM's weights, through the Triton kernels where they run (`triton_kernels`:
+    where decode_attention's do) or their torch spelling."""
 
     @staticmethod
     def supports(model) -> str | None:
