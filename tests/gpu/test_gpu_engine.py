@@ -352,3 +352,34 @@ def test_the_fused_forward_generates_as_transformers_forward_does_when_captured(
     assert_close_in_bf16(plain.generate(requests), a)
     assert sum(x.token_ids == y.token_ids for x, y in zip(a, eager.generate(requests), strict=True)) >= 11
     assert fast.last_timing["graphs"] >= 4
+
+
+def test_the_split_pick_draws_what_its_torch_spelling_draws_on_cuda():
+    from unit.test_split_pick import assert_same_picks, run_check
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))
+    assert_same_picks(run_check("cuda", env))
+
+
+def test_the_captured_engine_picks_through_the_split_pick_as_through_the_torch_pick(tiny_model):
+    """On CUDA the engine picks through atlas.runtime.split_pick by default; captured, it draws
+    what the compiled torch pick draws (the same logits: only a tie to the last bits of a
+    log-normaliser summed in another order could part them)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
+    rt = make_runtime(model, AutoTokenizer.from_pretrained(tiny_model), RuntimeConfig())
+    fast = rt.engine
+    assert fast.split_pick and fast.graphs
+    banned = rt.grammars.banned_token_ids
+    plain = StaticEngine(
+        model, fast.vocab_size, fast.stop_token_ids, banned_token_ids=banned, split_pick=False
+    )
+    assert not plain.split_pick
+    requests = requests_for(rt, 12)
+    a, b = fast.generate(requests), plain.generate(requests)
+    same = [x for x, y in zip(a, b, strict=True) if x.token_ids == y.token_ids]
+    assert len(same) >= 11 and sum(len(x.token_ids) for x in same) > 500
+    for x, y in zip(a, b, strict=True):
+        if x.token_ids == y.token_ids:
+            assert x.sampled == y.sampled
+            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4

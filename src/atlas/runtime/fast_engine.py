@@ -79,10 +79,11 @@ import xgrammar as xgr
 from atlas.model.liger import liger_rope
 from atlas.runtime import decode_attention as split_attention
 from atlas.runtime import kv_pool
+from atlas.runtime import split_pick as pick_kernels
 from atlas.runtime.engine import Feed, Generation, GenerationRequest, ListFeed, OnFinish
 from atlas.runtime.fused_qwen3 import FusedQwen3
 from atlas.runtime.kv_pool import POOL_ATTENTION, KVPool, Layout, Segments, to_device
-from atlas.runtime.sampling import draw, seed_key, step_keys
+from atlas.runtime.sampling import seed_key, step_keys
 from atlas.stage import GPU_MEMORY_ENV
 
 CACHE_SHARE = 0.5  # of the GPU's memory, for the key/value pool when cache_bytes is not given
@@ -201,6 +202,7 @@ class StaticEngine:
         share_prefixes: bool = True,
         share_min_rows: int = SHARE_MIN_ROWS,
         fused: bool | None = None,
+        split_pick: bool | None = None,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -212,8 +214,6 @@ class StaticEngine:
         self.constrained = constrained
         self._unbanned = torch.ones(vocab_size, dtype=torch.bool, device=self.device)
         self._unbanned[list(banned_token_ids)] = False
-        vocab = torch.arange(vocab_size, device=self.device)
-        self._word, self._bit = vocab // 32, (vocab % 32).to(torch.int32)  # where token t's bit lives
         self.batch_matcher = xgr.BatchGrammarMatcher()
         self.min_batch, self.shrink, self.prefill_budget = min_batch, shrink, prefill_budget
         self.max_rows = bucket(max_rows, min_batch)  # rows generating at once, at most
@@ -250,6 +250,14 @@ class StaticEngine:
         if fused and why:
             raise ValueError(f"fused=True: {why}")
         self.fused = FusedQwen3(model, kernels) if fused else None
+        # the pick's reductions split along the vocabulary (atlas.runtime.split_pick), where its
+        # kernels run; top_p < 1 needs a sort, which only the torch spelling does. Set before the
+        # first serve, as the forward: a captured pick keeps the kernels it was captured with
+        if split_pick is None:
+            split_pick = self.flash and kernels and top_p >= 1.0
+        if split_pick and not (pick_kernels.available(self.device) and top_p >= 1.0):
+            raise ValueError(f"split_pick=True: needs Triton on {self.device} and top_p 1 (got {top_p})")
+        self.split_pick = split_pick
         # rows that share a prompt (a question's samples, and their later turns) read its keys
         # once a step, through their group's leader (decode_attention's shared prefixes); off,
         # each row reads its own copy. Set both before the first serve: a captured step keeps the
@@ -270,8 +278,11 @@ class StaticEngine:
         self.graphs = cuda and self.flash if graphs is None else graphs
         compile = self.graphs if compile is None else compile
         backend = "inductor" if compile is True else compile  # a name or a callable (the tests count)
-        # One compile for every bucket: the number of rows is a symbolic size.
-        self._pick_fn = torch.compile(self._pick, dynamic=True, backend=backend) if compile else self._pick
+        # The torch spelling's pick: one compile for every bucket (the number of rows is a
+        # symbolic size), on its first call.
+        self._pick_torch_fn = (
+            torch.compile(self._pick_torch, dynamic=True, backend=backend) if compile else self._pick_torch
+        )
         self._graph_pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.pool: KVPool | None = None
         self.segments: Segments | None = None  # which of the pool's positions are taken
@@ -468,15 +479,21 @@ class StaticEngine:
     def _pick(self, logits: torch.Tensor, bitmask: torch.Tensor, keys: torch.Tensor):
         """Tokens, their log-probs (0 where forced) and the sampled flags, all on the device: the
         temperature, the ban, the grammar's bitmask (bit t % 32 of word t // 32 set: allowed),
-        log-softmax and the Gumbel-max draw, compiled into a few fused kernels on a GPU."""
-        logits = logits / self.temperature
-        if self.constrained:
-            allowed_bits = (bitmask[:, self._word] >> self._bit) & 1
-            logits = torch.where((allowed_bits == 1) & self._unbanned, logits, float("-inf"))
-        return draw(logits, keys, self.top_p)
+        log-softmax and the Gumbel-max draw, through atlas.runtime.split_pick's kernels or its
+        torch spelling (compiled into a few fused kernels on a GPU)."""
+        if self.split_pick:
+            return pick_kernels.pick(
+                logits, bitmask, keys, self._unbanned, self.temperature, self.constrained
+            )
+        return self._pick_torch_fn(logits, bitmask, keys)
+
+    def _pick_torch(self, logits: torch.Tensor, bitmask: torch.Tensor, keys: torch.Tensor):
+        return pick_kernels.pick_torch(
+            logits, bitmask, keys, self._unbanned, self.temperature, self.constrained, self.top_p
+        )
 
     def _pick_into(self, rb: Rows) -> None:
-        tokens, lp, sampled = self._pick_fn(rb.logits, rb.bitmask_dev, rb.meta[KEY, : rb.rows])
+        tokens, lp, sampled = self._pick(rb.logits, rb.bitmask_dev, rb.meta[KEY, : rb.rows])
         rb.tok.copy_(tokens)
         rb.lp.copy_(lp)
         rb.sampled.copy_(sampled)
