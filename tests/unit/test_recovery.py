@@ -238,14 +238,51 @@ def _watched(pid: int) -> bool:
         return False
 
 
+# Put first on PYTHONPATH, this holds a stage process when Python first looks for the stage's
+# own module (atlas.stages has run by then, the stage module not yet): once its watchdog thread
+# has named itself (10 s at most), it stops (SIGSTOP); continued, it sleeps 10 s before the stage
+# goes on, time for the watchdog to end it.
+HOLD = """
+import os, signal, sys, time
+from pathlib import Path
+
+def watching():
+    return any((t / "comm").read_text().strip() == "parent-watchdog" for t in Path("/proc/self/task").iterdir())
+
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("atlas.stages."):
+            sys.meta_path.remove(self)
+            deadline = time.monotonic() + 10
+            while not watching() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(10)
+        return None
+
+sys.meta_path.insert(0, Hold())
+"""
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return text[text.rindex(")") + 2] == "T"
+
+
 def test_every_stage_ends_with_its_starter_from_its_first_moment(tmp_path):
-    """Each stage as Snakemake runs it (`bash -c '... python -m atlas.stages.<rule> ...'`). Once
-    its watchdog thread runs (started before the stage imports anything heavy), the stage is
-    stopped (SIGSTOP) and its starter SIGKILLed; continued, every stage ends by SIGTERM (exit
-    status 143 in its shell) before it reads its arguments, none by its own exit 2 on the
-    missing arguments."""
+    """Each stage as Snakemake runs it (`bash -c '... python -m atlas.stages.<rule> ...'`), held
+    (stopped) as soon as atlas.stages has run, before the stage's module is found (HOLD): its
+    watchdog thread runs by then. Its starter SIGKILLed and the stage continued, every stage ends
+    by SIGTERM (exit status 143 in its shell) before it reads its arguments, none by its own exit
+    2 on the missing arguments."""
     assert "train" in STAGES and "distributed_roundtrip" in STAGES and len(STAGES) >= 10, STAGES
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD)
+    env = {**os.environ, "PYTHONPATH": f"{hold}{os.pathsep}{REPO / 'src'}", "OMP_NUM_THREADS": "1"}
     starters, stages = {}, {}
     for stage in STAGES:
         pid, status = tmp_path / f"{stage}.pid", tmp_path / f"{stage}.status"
@@ -254,16 +291,16 @@ def test_every_stage_ends_with_its_starter_from_its_first_moment(tmp_path):
             [sys.executable, "-c", f"import subprocess; subprocess.run(['bash', '-c', {inner!r}])"], env=env
         )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while len(stages) < len(STAGES):
             for stage in set(STAGES) - set(stages):
                 pid = tmp_path / f"{stage}.pid"
                 text = pid.read_text().strip() if pid.is_file() else ""
-                if text and _watched(int(text)):
-                    os.kill(int(text), signal.SIGSTOP)
+                if text and _stopped(int(text)):
+                    assert _watched(int(text)), stage  # the watchdog runs before the stage's module
                     stages[stage] = int(text)
-            assert time.monotonic() < deadline, f"no watchdog thread in {sorted(set(STAGES) - set(stages))}"
-            time.sleep(0.002)
+            assert time.monotonic() < deadline, f"not held: {sorted(set(STAGES) - set(stages))}"
+            time.sleep(0.01)
         for proc in starters.values():
             os.kill(proc.pid, signal.SIGKILL)
         time.sleep(0.2)
