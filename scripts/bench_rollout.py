@@ -38,8 +38,8 @@ episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the sc
 the split kernel (atlas.runtime.decode_attention; scripts/bench_attention.py times the two alone).
 `--no-shared-prefixes` has every row read its own copy of its prompt's keys instead of its prefix
 group's once (the split kernel's shared prefixes). `--no-fused` runs transformers' Qwen3 forward
-instead of atlas.runtime.fused_qwen3's. `--torch-pick` picks each step's tokens through the
-compiled torch spelling instead of atlas.runtime.split_pick's kernels.
+instead of atlas.runtime.fused_qwen3's. `--split-pick` picks each step's tokens through
+atlas.runtime.split_pick's kernels instead of the compiled torch spelling.
 
 Prints one table per mode and writes everything as JSON to `--out`.
 """
@@ -60,6 +60,7 @@ import torch
 from transformers import AutoTokenizer
 
 from atlas.config.study import merged, parse_config, read_yaml
+from atlas.runtime import split_pick
 from atlas.runtime.engine import serve_in_rounds
 from atlas.runtime.fast_engine import CLOCK_COUNTS, CLOCK_SECONDS
 from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
@@ -152,18 +153,20 @@ class Policy:
 
 def with_attention(rt, args):
     """The runtime with its engine's decode attention set by --decode-attention and
-    --no-shared-prefixes, its forward by --no-fused and its pick by --torch-pick (before any call: a
+    --no-shared-prefixes, its forward by --no-fused and its pick by --split-pick (before any call: a
     captured step bakes in its kernels)."""
-    if args.decode_attention is not None or args.no_shared_prefixes or args.no_fused or args.torch_pick:
+    if args.decode_attention is not None or args.no_shared_prefixes or args.no_fused or args.split_pick:
         if getattr(rt.engine, "captures", 0):
             raise RuntimeError(
-                "--decode-attention, --no-shared-prefixes, --no-fused, --torch-pick: "
+                "--decode-attention, --no-shared-prefixes, --no-fused, --split-pick: "
                 "the engine has captured steps already"
             )
         if args.no_fused:
             rt.engine.fused = None
-        if args.torch_pick:
-            rt.engine.split_pick = False
+        if args.split_pick:
+            if not split_pick.available(rt.engine.device):
+                raise SystemExit(f"--split-pick: its Triton kernels do not run on {rt.engine.device}")
+            rt.engine.split_pick = True
         if args.decode_attention is not None:
             rt.engine.decode_attention = args.decode_attention
         if args.no_shared_prefixes:
@@ -411,7 +414,9 @@ def main() -> None:
         "--no-shared-prefixes", action="store_true", help="every row reads its own copy of its prompt's keys"
     )
     p.add_argument("--no-fused", action="store_true", help="transformers' Qwen3 forward, not the fused one")
-    p.add_argument("--torch-pick", action="store_true", help="the compiled torch pick, not the split kernels")
+    p.add_argument(
+        "--split-pick", action="store_true", help="the split-vocabulary pick, not the compiled torch one"
+    )
     p.add_argument("--out", type=Path)
     p.add_argument("--profile", type=Path, help="profile the last arm's last generation call into this file")
     p.add_argument(
@@ -449,7 +454,7 @@ def main() -> None:
         decode_attention=args.decode_attention or "the engine's default",
         shared_prefixes=not args.no_shared_prefixes,
         fused_forward=not args.no_fused,
-        pick="torch" if args.torch_pick else "the engine's default",
+        pick="split" if args.split_pick else "torch",
         gpu_memory_gb=claim,
     )
     policy = functools.cache(lambda: Policy(base, tokenizer, cfg, device))  # built once, if an arm needs it

@@ -363,20 +363,20 @@ def test_the_split_pick_draws_what_its_torch_spelling_draws_on_cuda():
 
 
 def test_the_captured_engine_picks_through_the_split_pick_as_through_the_torch_pick(tiny_model):
-    """On CUDA the engine picks through atlas.runtime.split_pick by default; captured, it draws
-    what the compiled torch pick draws (the same logits: only a tie to the last bits of a
-    log-normaliser summed in another order could part them)."""
+    """Captured, the engine picking through atlas.runtime.split_pick draws what it draws through
+    the compiled torch pick (the same logits: only a tie to the last bits of a log-normaliser
+    summed in another order could part them)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
     rt = make_runtime(model, AutoTokenizer.from_pretrained(tiny_model), RuntimeConfig())
-    fast = rt.engine
-    assert fast.split_pick and fast.graphs
+    plain = rt.engine
+    assert not plain.split_pick and plain.graphs
     banned = rt.grammars.banned_token_ids
-    plain = StaticEngine(
-        model, fast.vocab_size, fast.stop_token_ids, banned_token_ids=banned, split_pick=False
+    split = StaticEngine(
+        model, plain.vocab_size, plain.stop_token_ids, banned_token_ids=banned, split_pick=True
     )
-    assert not plain.split_pick
     requests = requests_for(rt, 12)
-    a, b = fast.generate(requests), plain.generate(requests)
+    a, b = split.generate(requests), plain.generate(requests)
+    assert split.last_timing["graphs"] >= 4
     same = [x for x, y in zip(a, b, strict=True) if x.token_ids == y.token_ids]
     assert len(same) >= 11 and sum(len(x.token_ids) for x in same) > 500
     for x, y in zip(a, b, strict=True):

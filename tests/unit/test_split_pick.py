@@ -135,3 +135,50 @@ def runtime_for_refusal(tiny_model):
 
     hf = load_runtime(tiny_model, RuntimeConfig()).engine
     return hf.model, hf.vocab_size, hf.stop_token_ids
+
+
+COMPILE = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from atlas.runtime import split_pick as sp
+
+LOGITS = {"logits": "*fp32", "bitmask": "*i32", "unbanned": "*i1"}
+PARTS = {"chunk_max": "*fp32", "chunk_sum": "*fp32"}
+DRAWN = {"chunk_score": "*fp32", "chunk_token": "*i32", "chunk_count": "*i32"}
+SCALARS = {"vocab": "i32", "temperature": "fp32"}
+C = "constexpr"
+kernels = {
+    "stats": (sp._stats_kernel, {**LOGITS, **PARTS, **SCALARS, "CHUNKS": C, "CONSTRAINED": C, "BLOCK": C}),
+    "draw": (sp._draw_kernel, {**LOGITS, "keys": "*i64", **PARTS, **DRAWN, **SCALARS,
+                               "CHUNKS": C, "CHUNKS_P2": C, "CONSTRAINED": C, "BLOCK": C}),
+    "finish": (sp._finish_kernel, {"logits": "*fp32", **PARTS, **DRAWN, "tokens": "*i64",
+                                   "logprobs": "*fp32", "sampled": "*i1", **SCALARS, "CHUNKS": C, "CHUNKS_P2": C}),
+}
+out = {}
+for name, (fn, signature) in kernels.items():
+    for constrained in (True, False):
+        values = {"CHUNKS": 75, "CHUNKS_P2": 128, "CONSTRAINED": constrained, "BLOCK": 2048}
+        consts = {k: values[k] for k, v in signature.items() if v == C}
+        done = triton.compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", 90, 32))
+        ops = [line.split("=", 1)[1].split()[0] for line in done.asm["ttir"].splitlines() if " = " in line]
+        out[f"{name} {constrained}"] = {"cubin": len(done.asm["cubin"]), "ops": sorted(set(ops))}
+print(json.dumps(out))
+"""
+
+
+def test_the_split_pick_kernels_compile_for_a_hopper_gpu_with_the_hash_unsigned(tmp_path):
+    """Triton compiles the three kernels for sm_90 (ptxas included) on a machine without a GPU:
+    types the interpreter lets pass fail here. The noise hash compiles to unsigned shifts and an
+    unsigned conversion to float, as atlas.runtime.sampling's int64 arithmetic computes it."""
+    env = interpreter_env() | {"TRITON_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(got) == 6 and all(k["cubin"] > 5000 for k in got.values()), got
+    draw = got["draw False"]["ops"]  # unconstrained: no bitmask word shifted
+    assert "arith.shrui" in draw and "arith.uitofp" in draw, draw
+    assert "arith.shrsi" not in draw and "arith.sitofp" not in draw, draw

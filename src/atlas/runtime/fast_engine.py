@@ -202,7 +202,7 @@ class StaticEngine:
         share_prefixes: bool = True,
         share_min_rows: int = SHARE_MIN_ROWS,
         fused: bool | None = None,
-        split_pick: bool | None = None,
+        split_pick: bool = False,
     ):
         self.model = model.eval()
         self.device = next(model.parameters()).device
@@ -250,11 +250,10 @@ class StaticEngine:
         if fused and why:
             raise ValueError(f"fused=True: {why}")
         self.fused = FusedQwen3(model, kernels) if fused else None
-        # the pick's reductions split along the vocabulary (atlas.runtime.split_pick), where its
-        # kernels run; top_p < 1 needs a sort, which only the torch spelling does. Set before the
-        # first serve, as the forward: a captured pick keeps the kernels it was captured with
-        if split_pick is None:
-            split_pick = self.flash and kernels and top_p >= 1.0
+        # split_pick: the pick's reductions split along the vocabulary (atlas.runtime.split_pick)
+        # instead of the compiled torch spelling; top_p < 1 needs a sort, which only the torch
+        # spelling does. Set before the first serve, as the forward: a captured pick keeps the
+        # kernels it was captured with
         if split_pick and not (pick_kernels.available(self.device) and top_p >= 1.0):
             raise ValueError(f"split_pick=True: needs Triton on {self.device} and top_p 1 (got {top_p})")
         self.split_pick = split_pick
