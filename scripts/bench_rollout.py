@@ -17,8 +17,9 @@ generation   one grammar-constrained generation per request: atlas.runtime.synth
              call. Arms: `base` (no LoRA), `adapters` (the actor LoRA through peft's layers),
              `merged` (the same actor folded into a copy, as training serves it); the merged
              model's log-probs are compared with the adapters' on the generated rows. `--profile
-             FILE` runs the last arm's last call under torch.profiler and writes the operators and
-             kernels by device time to FILE.
+             FILE` runs the last arm's last call under torch.profiler and writes the kernels' device
+             time by kind (decode attention, the pick, matrix products, ...), then the operators
+             and kernels by device time, to FILE.
 episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the schedule's step-0
              questions (`--data`, results/data of the same config) x training.responses_per_question,
              multi-turn, every call run and graded in the sandbox, sampled through the merged
@@ -100,6 +101,57 @@ def timed_generate(rt, reqs, repeats: int, device, profile: Path | None = None) 
     return row, gens
 
 
+# A kernel's kind by its name: the engine's own Triton kernels, Inductor's (the compiled pick),
+# cuBLAS's (nvjet, gemm, cutlass), FlashAttention's; everything else (copies, elementwise) last.
+KINDS = (
+    ("decode attention", ("_split_kernel", "_combine_kernel", "_shared_kernel", "_shared_combine_kernel")),
+    ("the pick", ("_stats_kernel", "_draw_kernel", "_finish_kernel", "triton_")),
+    ("matrix products", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "sm80_")),
+    (
+        "RMSNorm, RoPE, SwiGLU",
+        (
+            "_add_rms_norm_kernel",
+            "_qk_rope_store_kernel",
+            "_silu_mul_kernel",
+            "_rms_norm",
+            "_block_rms_norm",
+            "_triton_rope",
+            "_swiglu",
+        ),
+    ),
+    ("prefill attention", ("flash",)),
+)
+
+
+def kernel_kind(name: str) -> str:
+    for kind, marks in KINDS:
+        if any(name.startswith(m) if m.startswith("_") or m == "triton_" else m in name for m in marks):
+            return kind
+    return "copies, elementwise, other"
+
+
+def is_kernel(event) -> bool:
+    """A device-side kernel or copy of the profile (not an operator that launched it)."""
+    return event.self_device_time_total > 0 and event.self_cpu_time_total == 0
+
+
+def kinds_table(kernels) -> str:
+    """(name, device microseconds, count) of every kernel, summed by kernel_kind."""
+    time_of, count_of = {}, {}
+    for name, us, count in kernels:
+        kind = kernel_kind(name)
+        time_of[kind] = time_of.get(kind, 0.0) + us
+        count_of[kind] = count_of.get(kind, 0) + count
+    total = sum(time_of.values()) or 1.0
+    lines = ["| kernels | device ms | share | launches |", "|---|---:|---:|---:|"]
+    for kind in sorted(time_of, key=time_of.get, reverse=True):
+        lines.append(
+            f"| {kind} | {time_of[kind] / 1e3:.1f} | {time_of[kind] / total:.1%} | {count_of[kind]} |"
+        )
+    lines.append(f"| all | {total / 1e3:.1f} | | {sum(count_of.values())} |")
+    return "\n".join(lines) + "\n"
+
+
 def profiled(fn, path: Path, device):
     """fn() under torch.profiler; the operators and kernels by device time, as a table in `path`."""
     from torch.profiler import ProfilerActivity, profile
@@ -110,8 +162,10 @@ def profiled(fn, path: Path, device):
         sync(device)
     sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=30)
-    if device == "cuda":  # and every kernel itself, by its own time
+    if device == "cuda":  # every kernel by its own time, and the kernels by kind first
         table += "\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=-1)
+        kernels = [(e.key, e.self_device_time_total, e.count) for e in prof.key_averages() if is_kernel(e)]
+        table = kinds_table(kernels) + "\n" + table
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(table)
     print(table)

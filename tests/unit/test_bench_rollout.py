@@ -56,3 +56,41 @@ def test_the_episode_clock_counts_the_records_tokens_in_both_schedules(tiny_mode
     assert len(rounds["calls"]) >= 2
     assert sum(c["rows_asked"] for c in rounds["calls"]) == rounds["generations"]
     assert rounds["calls"][0]["rows_asked"] == 4 and rounds["engine"]["admissions"] == len(rounds["calls"])
+
+
+def test_the_profile_sums_kernels_by_kind():
+    """Kernel names as torch.profiler reports them on an H100, each to its kind; the table sums
+    device time and launches by kind, largest first."""
+    bench = bench_module()
+    kernels = [
+        ("_shared_kernel", 294_360.0, 3556),
+        ("_split_kernel", 40_000.0, 100),
+        ("triton_red_fused___lshift_____rshift____log_softmax_...", 100_639.0, 128),
+        ("_draw_kernel", 10_000.0, 128),
+        ("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_TNT", 86_422.0, 3556),
+        (
+            "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(...)",
+            1_000.0,
+            2,
+        ),
+        ("_qk_rope_store_kernel", 30_500.0, 3584),
+        ("_triton_rope", 2_000.0, 10),
+        ("_block_rms_norm_forward_kernel", 1_000.0, 10),
+        ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kerne...", 6_791.0, 28),
+        ("Memcpy HtoD (Pinned -> Device)", 15_441.0, 395),
+        ("void at::native::index_elementwise_kernel<128, 4, at...", 17_769.0, 56),
+    ]
+    kinds = [bench.kernel_kind(name) for name, _, _ in kernels]
+    assert (
+        kinds
+        == ["decode attention"] * 2
+        + ["the pick"] * 2
+        + ["matrix products"] * 2
+        + ["RMSNorm, RoPE, SwiGLU"] * 3
+        + ["prefill attention"]
+        + ["copies, elementwise, other"] * 2
+    )
+    lines = bench.kinds_table(kernels).splitlines()
+    assert lines[2] == "| decode attention | 334.4 | 55.2% | 3656 |"
+    assert lines[3] == "| the pick | 110.6 | 18.3% | 256 |"
+    assert lines[-1] == "| all | 605.9 | | 11553 |"
