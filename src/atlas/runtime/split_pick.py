@@ -1,7 +1,8 @@
 """The decode step's pick in Triton kernels split along the vocabulary: each row's next token,
 its log-prob and whether it was sampled, from the step's logits, the grammar's bitmask and the
-rows' noise keys; what `StaticEngine._pick` computes (temperature, the grammar's and the ban's
-mask, log-softmax, atlas.runtime.sampling's Gumbel-max draw), with top_p 1.
+rows' noise keys; what `pick_torch` computes (temperature, the grammar's and the ban's mask,
+log-softmax, atlas.runtime.sampling's Gumbel-max draw), with top_p 1. `StaticEngine(split_pick=True)`
+picks through it.
 
     row r, chunk c   the chunk's maximum and sum of exp over its allowed tokens
     row r, chunk c   the row's log-normaliser from its chunks' partials; the chunk's best
@@ -44,7 +45,8 @@ def available(device: torch.device) -> bool:
 
 
 def pick_torch(logits, bitmask, keys, unbanned, temperature: float, constrained: bool, top_p: float = 1.0):
-    """`pick` in torch (any top_p): the engine's pick where the kernels do not run, compiled."""
+    """`pick` in torch, for any top_p: the engine's pick (compiled on a GPU) unless it is made with
+    split_pick=True, and the kernels' reference in the tests."""
     logits = logits / temperature
     if constrained:
         vocab = torch.arange(logits.shape[-1], device=logits.device)
