@@ -23,10 +23,13 @@ generation   one grammar-constrained generation per request: atlas.runtime.synth
 episode      the trainer's episode loop (atlas.runtime.rollouts.rollout): the schedule's step-0
              questions (`--data`, results/data of the same config) x training.responses_per_question,
              multi-turn, every call run and graded in the sandbox, sampled through the merged
-             actor (atlas.rl.serving.rollout_runtime; `--episode-model base` samples the base).
-             First a warm-up as the training stage runs one: validation on
-             training.validation_questions x validation_samples. Then `--repeats` rollouts of the
-             step (other seeds) per `--schedules`: `continuous` (the trainer's: a turn joins the
+             actor (atlas.rl.serving.rollout_runtime; `--episode-model base` samples the base)
+             as the train stage's first step samples it: the actor's LoRA B at zero, as peft
+             initialises it (the generation mode's arms set it off zero; the episode mode puts
+             it back), and the seeds of the config's first run. First a warm-up as the training
+             stage runs one: validation on training.validation_questions x validation_samples.
+             Then `--repeats` rollouts of the step (the first with that step's seeds, the next
+             ones with the next steps') per `--schedules`: `continuous` (the trainer's: a turn joins the
              engine's running rows when its tool returns) and `rounds` (every ready turn in one
              batch that runs to its last row; the next once every tool is back). Tokens/s is
              generated tokens over the rollout's wall seconds: what a training step reports as
@@ -204,6 +207,15 @@ class Policy:
         trained_looking(self.ac)
         self.rt, self.serving = rollout_runtime(self.ac, tokenizer, cfg.training, cfg.runtime, device)
 
+    def as_at_the_first_step(self) -> None:
+        """The actor's LoRA B back at zero, as the train stage's first step samples it (and the
+        merged copy refreshed in place, as the trainer refreshes it)."""
+        with torch.no_grad():
+            for t in (t for name, t in self.ac.trainable("actor").items() if "lora_B" in name):
+                t.zero_()
+        if self.serving is not None:
+            self.serving.refresh()
+
 
 def with_attention(rt, args):
     """The runtime with its engine's decode attention set by --decode-attention and
@@ -269,6 +281,11 @@ def generation_mode(args, base, tokenizer, cfg, device, policy) -> dict:
 TIMING, COUNTS = CLOCK_SECONDS, CLOCK_COUNTS  # the engine clock's own keys
 
 
+def first_run(cfg) -> str:
+    """The config's first run: the train stage's episode seeds are the run's (episode_seed)."""
+    return next(iter(cfg.runs), "bench")
+
+
 def timed_rollout(
     rt, specs, cfg, *, step: int, phase: str, device, schedule: str, profile: Path | None = None
 ) -> dict:
@@ -302,7 +319,14 @@ def timed_rollout(
 
     def go():
         return rollout(
-            clocked_rt, specs, cfg.runtime, cfg.graders, run="bench", step=step, phase=phase, seed=cfg.seed
+            clocked_rt,
+            specs,
+            cfg.runtime,
+            cfg.graders,
+            run=first_run(cfg),
+            step=step,
+            phase=phase,
+            seed=cfg.seed,
         )
 
     t = time.perf_counter()
@@ -336,7 +360,11 @@ def timed_rollout(
 def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
     training = cfg.training
     # the trainer's rollout runtime (its own engine, over the merged copy on a GPU), or the base's
-    rt = policy().rt if args.episode_model == "merged" else make_runtime(base, tokenizer, cfg.runtime)
+    if args.episode_model == "merged":
+        policy().as_at_the_first_step()
+        rt = policy().rt
+    else:
+        rt = make_runtime(base, tokenizer, cfg.runtime)
     rt = with_attention(rt, args)
     data = args.data
     train_rows = read_questions(data / "train.parquet")
@@ -346,6 +374,7 @@ def episode_mode(args, base, tokenizer, cfg, device, policy) -> dict:
     questions = sorted((r for r in train_rows if r["step"] == 0), key=lambda r: r["position"])
     out = dict(
         model=args.episode_model,
+        seeds_of=first_run(cfg),
         questions=len(questions),
         responses=training.responses_per_question,
         max_turns=cfg.runtime.max_turns,

@@ -7,8 +7,11 @@ from __future__ import annotations
 import importlib.util
 from types import SimpleNamespace
 
+import torch
+
+from atlas.config.training import TrainingConfig
 from atlas.runtime.inputs import read_questions, read_tests
-from atlas.runtime.rollouts import episode_specs
+from atlas.runtime.rollouts import episode_specs, rollout
 from atlas.runtime.session import load_model, make_runtime
 from conftest import REPO
 from unit.test_runtime import GRADERS, RUNTIME
@@ -23,7 +26,8 @@ def bench_module():
 
 def test_the_episode_clock_counts_the_records_tokens_in_both_schedules(tiny_model, data_dir):
     bench = bench_module()
-    cfg = SimpleNamespace(runtime=RUNTIME, graders=GRADERS, seed=0)  # the runtime tests' small episodes
+    # the runtime tests' small episodes, under the seeds of a run named as the train stage's
+    cfg = SimpleNamespace(runtime=RUNTIME, graders=GRADERS, seed=0, runs={"training_smoke": None})
     model, tokenizer = load_model(tiny_model)
     rt = make_runtime(model, tokenizer, RUNTIME, fast=True)  # StaticEngine, eager on a CPU
     questions = read_questions(data_dir / "val.parquet")
@@ -56,6 +60,30 @@ def test_the_episode_clock_counts_the_records_tokens_in_both_schedules(tiny_mode
     assert len(rounds["calls"]) >= 2
     assert sum(c["rows_asked"] for c in rounds["calls"]) == rounds["generations"]
     assert rounds["calls"][0]["rows_asked"] == 4 and rounds["engine"]["admissions"] == len(rounds["calls"])
+    # the first rollout is the train stage's first step's: its run's seeds, the same tokens
+    trainer = rollout(rt, specs, RUNTIME, GRADERS, run="training_smoke", step=0, phase="train", seed=0)
+    assert sum(r.generated_tokens for ep in trainer for r in ep.records) == cont["tokens"]
+
+
+def test_the_episode_mode_samples_the_policy_of_the_first_step(tiny_model):
+    """The generation mode's arms set the actor's LoRA B off zero; the episode mode puts it back at
+    zero, as peft initialises it, and the merged serving copy is the base again."""
+    bench = bench_module()
+    model, tokenizer = load_model(tiny_model)
+    training = TrainingConfig(responses_per_question=2, lora_rank=4, lora_alpha=8, merged_rollouts=True)
+    policy = bench.Policy(
+        model, tokenizer, SimpleNamespace(training=training, runtime=RUNTIME, seed=0), "cpu"
+    )
+    lora_b = [t for name, t in policy.ac.trainable("actor").items() if "lora_B" in name]
+    assert lora_b and all(t.abs().max() > 0 for t in lora_b)
+    merged = dict(policy.serving.model.named_parameters())
+    base = {n: p for n, p in policy.ac.peft.named_parameters() if "base_layer" in n}
+    name = next(n for n in base if "q_proj" in n)
+    served = merged[name.replace("base_model.model.", "").replace(".base_layer", "")]
+    assert not torch.equal(served, base[name])
+    policy.as_at_the_first_step()
+    assert all(t.abs().max() == 0 for t in lora_b)
+    assert torch.equal(served, base[name])
 
 
 def test_the_profile_sums_kernels_by_kind():
