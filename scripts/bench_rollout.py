@@ -54,6 +54,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import re
 import statistics
 import sys
 import time
@@ -104,12 +105,12 @@ def timed_generate(rt, reqs, repeats: int, device, profile: Path | None = None) 
     return row, gens
 
 
-# A kernel's kind by its name: the engine's own Triton kernels, Inductor's (the compiled pick),
-# cuBLAS's (nvjet, gemm, cutlass), FlashAttention's; everything else (copies, elementwise) last.
+# A kernel's kind by its name (its demangled name before any template or argument list): the
+# engine's own Triton kernels, Inductor's (the compiled pick), FlashAttention's (before cuBLAS's,
+# whose names its template arguments repeat), cuBLAS's; everything else (copies, elementwise) last.
 KINDS = (
     ("decode attention", ("_split_kernel", "_combine_kernel", "_shared_kernel", "_shared_combine_kernel")),
     ("the pick", ("_stats_kernel", "_draw_kernel", "_finish_kernel", "triton_")),
-    ("matrix products", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "sm80_")),
     (
         "RMSNorm, RoPE, SwiGLU",
         (
@@ -123,19 +124,31 @@ KINDS = (
         ),
     ),
     ("prefill attention", ("flash",)),
+    ("matrix products", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "sm80_")),
 )
 
 
 def kernel_kind(name: str) -> str:
+    base = re.split(r"[<(]", name, maxsplit=1)[0]
     for kind, marks in KINDS:
-        if any(name.startswith(m) if m.startswith("_") or m == "triton_" else m in name for m in marks):
+        if any(base.startswith(m) if m.startswith("_") or m == "triton_" else m in base for m in marks):
             return kind
     return "copies, elementwise, other"
 
 
-def is_kernel(event) -> bool:
-    """A device-side kernel or copy of the profile (not an operator that launched it)."""
-    return event.self_device_time_total > 0 and event.self_cpu_time_total == 0
+def device_kernels(events) -> list[tuple[str, float, int]]:
+    """(name, device microseconds, launches) of every kernel and copy the device ran, from the
+    profiler's events (the device's own: an operator or a launch wrapper that shares a kernel's
+    name is a host event and counts nothing here)."""
+    from torch.autograd import DeviceType
+
+    time_of: dict[str, float] = {}
+    count_of: dict[str, int] = {}
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            time_of[e.name] = time_of.get(e.name, 0.0) + e.time_range.elapsed_us()
+            count_of[e.name] = count_of.get(e.name, 0) + 1
+    return [(name, us, count_of[name]) for name, us in time_of.items()]
 
 
 def kinds_table(kernels) -> str:
@@ -167,8 +180,7 @@ def profiled(fn, path: Path, device):
     table = prof.key_averages().table(sort_by=sort, row_limit=30)
     if device == "cuda":  # every kernel by its own time, and the kernels by kind first
         table += "\n" + prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=-1)
-        kernels = [(e.key, e.self_device_time_total, e.count) for e in prof.key_averages() if is_kernel(e)]
-        table = kinds_table(kernels) + "\n" + table
+        table = kinds_table(device_kernels(prof.events())) + "\n" + table
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(table)
     print(table)
@@ -232,6 +244,10 @@ def with_attention(rt, args):
         if args.split_pick:
             if not split_pick.available(rt.engine.device):
                 raise SystemExit(f"--split-pick: its Triton kernels do not run on {rt.engine.device}")
+            if rt.engine.top_p < 1.0:
+                raise SystemExit(
+                    f"--split-pick: runtime.top_p is {rt.engine.top_p}; the split pick draws with top_p 1"
+                )
             rt.engine.split_pick = True
         if args.decode_attention is not None:
             rt.engine.decode_attention = args.decode_attention

@@ -247,7 +247,10 @@ import os, signal, sys, time
 from pathlib import Path
 
 def watching():
-    return any((t / "comm").read_text().strip() == "parent-watchdog" for t in Path("/proc/self/task").iterdir())
+    try:
+        return any((t / "comm").read_text().strip() == "parent-watchdog" for t in Path("/proc/self/task").iterdir())
+    except FileNotFoundError:  # a thread ended while listed
+        return False
 
 class Hold:
     def find_spec(self, name, path=None, target=None):

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from atlas.runtime import split_pick
 from atlas.runtime.fast_engine import StaticEngine
 from unit.test_fused_qwen3 import interpreter_env
 
@@ -35,7 +37,7 @@ bits[0] = True                                  # everything allowed
 bits[1] = False; bits[1, 2999] = True           # forced: one token, in the last partial chunk
 bits[2] = False; bits[2, [5, 1700]] = True      # two tokens, in different chunks
 bits[3] = False; bits[3, 600:700] = True        # one chunk's tokens only (the others all -inf)
-logits[4, 100] = 40.0                           # a row that all but certainly draws token 100
+bits[4, 100] = True; logits[4, 100] = 40.0     # a row that all but certainly draws token 100
 bitmask = torch.zeros(rows, words, dtype=torch.int64)
 index = torch.arange(vocab)
 bitmask.index_add_(1, index // 32, bits.long() << (index % 32))
@@ -121,11 +123,24 @@ def test_the_engine_generates_through_the_split_pick_what_it_does_through_the_to
         assert max(abs(x - y) for x, y in zip(la, lb, strict=True)) < 1e-5
 
 
-def test_the_split_pick_is_refused_where_it_cannot_run(runtime_for_refusal):
-    with pytest.raises(ValueError, match="split_pick=True: needs Triton on cpu and top_p 1"):
+def test_the_split_pick_is_refused_where_it_cannot_run(runtime_for_refusal, monkeypatch):
+    with pytest.raises(ValueError, match="split_pick=True: its Triton kernels do not run on cpu"):
         StaticEngine(*runtime_for_refusal, split_pick=True, graphs=False, compile=False)
-    with pytest.raises(ValueError, match=r"top_p 1 \(got 0.9\)"):
+    monkeypatch.setattr(split_pick, "available", lambda device: True)  # the top_p refusal alone
+    with pytest.raises(ValueError, match=r"split_pick=True draws with top_p 1 \(got top_p 0.9\)"):
         StaticEngine(*runtime_for_refusal, split_pick=True, top_p=0.9, graphs=False, compile=False)
+    assert StaticEngine(*runtime_for_refusal, split_pick=True, graphs=False, compile=False).split_pick
+
+
+def test_the_split_pick_names_inputs_of_other_shapes():
+    logits, keys = torch.zeros(2, 100), torch.zeros(2, dtype=torch.int64)
+    unbanned = torch.ones(100, dtype=torch.bool)
+    with pytest.raises(
+        ValueError, match=r"need a bitmask \[2, 4\], keys \[2\] and unbanned \[100\] \(got \(2, 3\)"
+    ):
+        split_pick.pick(logits, torch.zeros(2, 3, dtype=torch.int32), keys, unbanned, 1.0, True)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        split_pick.pick(logits.t(), torch.zeros(100, 4, dtype=torch.int32).t(), keys, unbanned, 1.0, True)
 
 
 @pytest.fixture

@@ -254,8 +254,10 @@ class StaticEngine:
         # instead of the compiled torch spelling; top_p < 1 needs a sort, which only the torch
         # spelling does. Set before the first serve, as the forward: a captured pick keeps the
         # kernels it was captured with
-        if split_pick and not (pick_kernels.available(self.device) and top_p >= 1.0):
-            raise ValueError(f"split_pick=True: needs Triton on {self.device} and top_p 1 (got {top_p})")
+        if split_pick and top_p < 1.0:
+            raise ValueError(f"split_pick=True draws with top_p 1 (got top_p {top_p}); leave it off")
+        if split_pick and not pick_kernels.available(self.device):
+            raise ValueError(f"split_pick=True: its Triton kernels do not run on {self.device}")
         self.split_pick = split_pick
         # rows that share a prompt (a question's samples, and their later turns) read its keys
         # once a step, through their group's leader (decode_attention's shared prefixes); off,

@@ -145,6 +145,18 @@ def pick(logits, bitmask, keys, unbanned, temperature: float, constrained: bool,
     [rows] and the bool `unbanned` [vocab]; `block` tokens a program (BLOCK). Shapes depend on the
     rows alone, so a CUDA graph can hold the call."""
     rows, vocab = logits.shape
+    words = (vocab + 31) // 32
+    if not (logits.is_contiguous() and keys.is_contiguous() and bitmask.is_contiguous()):
+        raise ValueError("split pick: logits, bitmask and keys must be contiguous")
+    if (
+        tuple(bitmask.shape) != (rows, words)
+        or tuple(keys.shape) != (rows,)
+        or tuple(unbanned.shape) != (vocab,)
+    ):
+        raise ValueError(
+            f"split pick: logits {tuple(logits.shape)} need a bitmask [{rows}, {words}], keys [{rows}] and "
+            f"unbanned [{vocab}] (got {tuple(bitmask.shape)}, {tuple(keys.shape)}, {tuple(unbanned.shape)})"
+        )
     block = block or BLOCK
     chunks = triton.cdiv(vocab, block)
     p2 = triton.next_power_of_2(chunks)
