@@ -325,6 +325,15 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def played(tmp_path_factory, tiny_model, data_dir):
+    """Four episodes played through verl's agent loop and locally, once for the verl tests that
+    read them (test_verl_agent_loop.py, test_verl_actor.py; verl's environment only)."""
+    from test_verl_agent_loop import play_both_ways
+
+    return play_both_ways(tmp_path_factory.mktemp("verl_loop"), tiny_model, data_dir)
+
+
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """results/data/ of the embedded default, prepared once per test session (or the folder
     ATLAS_TEST_DATA_DIR names, as for tiny_model)."""

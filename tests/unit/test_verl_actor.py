@@ -16,7 +16,6 @@ if not os.environ.get("ATLAS_REQUIRE_VERL"):
     pytest.importorskip("verl.workers.engine.fsdp.transformer_impl")
 
 from tensordict import TensorDict  # noqa: E402
-from test_verl_agent_loop import played  # noqa: E402, F401  (the fixture)
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.utils import torch_functional as verl_F  # noqa: E402
 from verl.workers.engine.base import EngineRegistry  # noqa: E402
@@ -43,7 +42,7 @@ def _engine(cls):
 
 
 @pytest.fixture(scope="module")
-def batch(played, tiny_model):  # noqa: F811  (the imported fixture)
+def batch(played, tiny_model):
     _, _, outputs, local, _ = played
     rt = load_runtime(tiny_model, load_config(REPO / "config" / "config.yaml").runtime)  # with its engine
     model = load_model(tiny_model)[0].eval()

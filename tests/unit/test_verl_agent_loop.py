@@ -96,10 +96,9 @@ def _play(loop, uid, sample, phase="train"):
     return asyncio.run(loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1}, **row))
 
 
-@pytest.fixture(scope="module")
-def played(tmp_path_factory, tiny_model, data_dir):
-    """A GPQA and an LCB question, two samples each, through the agent loop and locally."""
-    tmp = tmp_path_factory.mktemp("verl_loop")
+def play_both_ways(tmp: Path, tiny_model, data_dir):
+    """A GPQA and an LCB question, two samples each, through the agent loop and locally: the
+    session's `played` (tests/conftest.py), shared with test_verl_actor.py."""
     cfg = _cfg()
     loop, rt = _loop(tmp, tiny_model, data_dir, cfg)
     questions = read_questions(data_dir / "train.parquet")
