@@ -214,6 +214,7 @@ class StaticEngine:
         self.constrained = constrained
         self._unbanned = torch.ones(vocab_size, dtype=torch.bool, device=self.device)
         self._unbanned[list(banned_token_ids)] = False
+        self._places = pick_kernels.bit_places(vocab_size, self.device)  # token t's bit in a mask row
         self.batch_matcher = xgr.BatchGrammarMatcher()
         self.min_batch, self.shrink, self.prefill_budget = min_batch, shrink, prefill_budget
         self.max_rows = bucket(max_rows, min_batch)  # rows generating at once, at most
@@ -490,7 +491,14 @@ class StaticEngine:
 
     def _pick_torch(self, logits: torch.Tensor, bitmask: torch.Tensor, keys: torch.Tensor):
         return pick_kernels.pick_torch(
-            logits, bitmask, keys, self._unbanned, self.temperature, self.constrained, self.top_p
+            logits,
+            bitmask,
+            keys,
+            self._unbanned,
+            self.temperature,
+            self.constrained,
+            self.top_p,
+            self._places,
         )
 
     def _pick_into(self, rb: Rows) -> None:

@@ -44,13 +44,22 @@ def available(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def pick_torch(logits, bitmask, keys, unbanned, temperature: float, constrained: bool, top_p: float = 1.0):
+def bit_places(vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where token t's bit lives in a grammar bitmask's row: word t // 32, bit t % 32."""
+    tokens = torch.arange(vocab, device=device)
+    return tokens // 32, (tokens % 32).to(torch.int32)
+
+
+def pick_torch(
+    logits, bitmask, keys, unbanned, temperature: float, constrained: bool, top_p: float = 1.0, places=None
+):
     """`pick` in torch, for any top_p: the engine's pick (compiled on a GPU) unless it is made with
-    split_pick=True, and the kernels' reference in the tests."""
+    split_pick=True, and the kernels' reference in the tests. `places`: bit_places of the
+    vocabulary, made once by a caller that picks often."""
     logits = logits / temperature
     if constrained:
-        vocab = torch.arange(logits.shape[-1], device=logits.device)
-        allowed_bits = (bitmask[:, vocab // 32] >> (vocab % 32).to(torch.int32)) & 1
+        word, bit = places if places is not None else bit_places(logits.shape[-1], logits.device)
+        allowed_bits = (bitmask[:, word] >> bit) & 1
         logits = torch.where((allowed_bits == 1) & unbanned, logits, float("-inf"))
     return draw(logits, keys, top_p)
 
