@@ -37,7 +37,7 @@ bits[0] = True                                  # everything allowed
 bits[1] = False; bits[1, 2999] = True           # forced: one token, in the last partial chunk
 bits[2] = False; bits[2, [5, 1700]] = True      # two tokens, in different chunks
 bits[3] = False; bits[3, 600:700] = True        # one chunk's tokens only (the others all -inf)
-bits[4, 100] = True; logits[4, 100] = 40.0     # a row that all but certainly draws token 100
+bits[4, 100] = True; logits[4, 100] = 40.0      # a row that all but certainly draws token 100
 bitmask = torch.zeros(rows, words, dtype=torch.int64)
 index = torch.arange(vocab)
 bitmask.index_add_(1, index // 32, bits.long() << (index % 32))
