@@ -65,7 +65,6 @@ import torch
 from transformers import AutoTokenizer
 
 from atlas.config.study import merged, parse_config, read_yaml
-from atlas.runtime import split_pick
 from atlas.runtime.engine import serve_in_rounds
 from atlas.runtime.fast_engine import CLOCK_COUNTS, CLOCK_SECONDS
 from atlas.runtime.inputs import read_questions, read_tests, smoke_slice
@@ -201,10 +200,14 @@ def logprob_gap(ac, serving, reqs, gens, device, rows: int = 8) -> float:
     return gap
 
 
+def actor_lora_b(ac) -> list[torch.Tensor]:
+    return [t for name, t in ac.trainable("actor").items() if "lora_B" in name]
+
+
 def trained_looking(ac) -> None:
     """The actor's LoRA B off zero, so serving it merged or through adapters makes a difference."""
     with torch.no_grad():
-        for t in (t for name, t in ac.trainable("actor").items() if "lora_B" in name):
+        for t in actor_lora_b(ac):
             t.normal_(0, 1e-3)
 
 
@@ -223,7 +226,7 @@ class Policy:
         """The actor's LoRA B back at zero, as the train stage's first step samples it (and the
         merged copy refreshed in place, as the trainer refreshes it)."""
         with torch.no_grad():
-            for t in (t for name, t in self.ac.trainable("actor").items() if "lora_B" in name):
+            for t in actor_lora_b(self.ac):
                 t.zero_()
         if self.serving is not None:
             self.serving.refresh()
@@ -241,13 +244,7 @@ def with_attention(rt, args):
             )
         if args.no_fused:
             rt.engine.fused = None
-        if args.split_pick:
-            if not split_pick.available(rt.engine.device):
-                raise SystemExit(f"--split-pick: its Triton kernels do not run on {rt.engine.device}")
-            if rt.engine.top_p < 1.0:
-                raise SystemExit(
-                    f"--split-pick: runtime.top_p is {rt.engine.top_p}; the split pick draws with top_p 1"
-                )
+        if args.split_pick:  # the engine refuses a top_p under 1, and a device without Triton
             rt.engine.split_pick = True
         if args.decode_attention is not None:
             rt.engine.decode_attention = args.decode_attention

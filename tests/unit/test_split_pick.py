@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from atlas.runtime import split_pick
+from atlas.runtime import decode_attention, split_pick
 from atlas.runtime.fast_engine import StaticEngine
 from unit.test_fused_qwen3 import interpreter_env
 
@@ -126,9 +126,13 @@ def test_the_engine_generates_through_the_split_pick_what_it_does_through_the_to
 def test_the_split_pick_is_refused_where_it_cannot_run(runtime_for_refusal, monkeypatch):
     with pytest.raises(ValueError, match="split_pick=True: its Triton kernels do not run on cpu"):
         StaticEngine(*runtime_for_refusal, split_pick=True, graphs=False, compile=False)
-    monkeypatch.setattr(split_pick, "available", lambda device: True)  # the top_p refusal alone
+    monkeypatch.setattr(decode_attention, "available", lambda device: True)  # the top_p refusal alone
     with pytest.raises(ValueError, match=r"split_pick=True draws with top_p 1 \(got top_p 0.9\)"):
         StaticEngine(*runtime_for_refusal, split_pick=True, top_p=0.9, graphs=False, compile=False)
+    engine = StaticEngine(*runtime_for_refusal, top_p=0.9, graphs=False, compile=False)
+    with pytest.raises(ValueError, match="top_p 1"):  # switched on later (bench_rollout --split-pick)
+        engine.split_pick = True
+    assert not engine.split_pick
     assert StaticEngine(*runtime_for_refusal, split_pick=True, graphs=False, compile=False).split_pick
 
 

@@ -233,7 +233,8 @@ class StaticEngine:
         self.flash = kv_pool.flash(self.device, self.dtype)  # else the attention runs row by row
         # a decode step attends through the split kernel (atlas.runtime.decode_attention) or
         # FlashAttention-2 ("flash"); "split" by default where it runs: CUDA in half precision
-        split_ok = self.flash and split_attention.available(self.device)
+        self._kernels = split_attention.available(self.device)  # atlas's Triton kernels run here
+        split_ok = self.flash and self._kernels
         if decode_attention is None:
             decode_attention = "split" if split_ok else "flash"
         if decode_attention not in ("split", "flash") or (decode_attention == "split" and not split_ok):
@@ -245,20 +246,12 @@ class StaticEngine:
         # a plain Qwen3 model runs atlas.runtime.fused_qwen3's forward: by default where its
         # Triton kernels run (CUDA), and on request elsewhere in its torch spelling (the tests)
         # (its kernels run where the decode attention's do)
-        why, kernels = FusedQwen3.supports(model), split_attention.available(self.device)
+        why = FusedQwen3.supports(model)
         if fused is None:
-            fused = why is None and self.flash and kernels
+            fused = why is None and self.flash and self._kernels
         if fused and why:
             raise ValueError(f"fused=True: {why}")
-        self.fused = FusedQwen3(model, kernels) if fused else None
-        # split_pick: the pick's reductions split along the vocabulary (atlas.runtime.split_pick)
-        # instead of the compiled torch spelling; top_p < 1 needs a sort, which only the torch
-        # spelling does. Set before the first serve, as the forward: a captured pick keeps the
-        # kernels it was captured with
-        if split_pick and top_p < 1.0:
-            raise ValueError(f"split_pick=True draws with top_p 1 (got top_p {top_p}); leave it off")
-        if split_pick and not pick_kernels.available(self.device):
-            raise ValueError(f"split_pick=True: its Triton kernels do not run on {self.device}")
+        self.fused = FusedQwen3(model, self._kernels) if fused else None
         self.split_pick = split_pick
         # rows that share a prompt (a question's samples, and their later turns) read its keys
         # once a step, through their group's leader (decode_attention's shared prefixes); off,
@@ -299,6 +292,21 @@ class StaticEngine:
         self.captures = 0  # graphs captured by this engine, over its life
         self.last_timing: dict = {}
         kv_pool.register()
+
+    @property
+    def split_pick(self) -> bool:
+        """Whether the pick's reductions split along the vocabulary (atlas.runtime.split_pick)
+        instead of running the compiled torch spelling. Set it before the first serve, as the
+        forward: a captured pick keeps the kernels it was captured with."""
+        return self._split_pick
+
+    @split_pick.setter
+    def split_pick(self, on: bool) -> None:
+        if on and self.top_p < 1.0:  # a nucleus needs a sort, which only the torch spelling does
+            raise ValueError(f"split_pick=True draws with top_p 1 (got top_p {self.top_p}); leave it off")
+        if on and not self._kernels:
+            raise ValueError(f"split_pick=True: its Triton kernels do not run on {self.device}")
+        self._split_pick = on
 
     # -- the pool and the buckets -------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 its log-prob and whether it was sampled, from the step's logits, the grammar's bitmask and the
 rows' noise keys; what `pick_torch` computes (temperature, the grammar's and the ban's mask,
 log-softmax, atlas.runtime.sampling's Gumbel-max draw), with top_p 1. `StaticEngine(split_pick=True)`
-picks through it.
+picks through it, where atlas.runtime.decode_attention's kernels run.
 
     row r, chunk c   the chunk's maximum and sum of exp over its allowed tokens
     row r, chunk c   the row's log-normaliser from its chunks' partials; the chunk's best
@@ -21,8 +21,6 @@ where two tokens' scores tie to those bits.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from atlas.runtime.sampling import draw
@@ -34,14 +32,6 @@ except ImportError:  # the CPU install: the torch spelling runs
     triton = None
 
 BLOCK = 2048  # tokens a program of the first two kernels reads
-
-
-def available(device: torch.device) -> bool:
-    """Whether the kernels run on `device` (CUDA with Triton, or Triton's interpreter on the CPU,
-    TRITON_INTERPRET=1, for the tests)."""
-    if triton is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def bit_places(vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
